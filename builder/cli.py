@@ -1,0 +1,71 @@
+"""The `envbuild` command line.
+
+Each subcommand lives in its own module, which provides `add_arguments(parser)` and
+`run(args) -> int`; this file only wires them together. Modules keep their heavy imports
+inside functions so `envbuild --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .errors import EnvbuildError
+
+# name -> (module, one-line help). One table; order is the order shown in --help.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "plan": ("envbuild.plan", "expand and filter the matrix"),
+    "lock": ("envbuild.lock", "resolve hash-pinned, era-consistent locks per combination"),
+    "render": ("envbuild.render", "render one Dockerfile per combination"),
+    "base": ("envbuild.base", "build base images (bootstrap: debootstrap + docker import)"),
+    "build": ("envbuild.build", "lock, render, build (BuildKit), probe and record combinations"),
+    "probe": ("envbuild.probe_cmd", "run the probe in an image, here, or across a Ray cluster"),
+    "keygen": ("envbuild.sign", "make an Ed25519 key pair for signing tables"),
+    "publish": ("envbuild.table", "fold result records into the signed compatibility table"),
+    "verify": ("envbuild.verify", "verify a signed table"),
+    "pick": ("envbuild.pick", "print the best verified image for a selection"),
+    "diff": ("envbuild.diff", "compare two tables; exit 1 on regressions"),
+    "discover": ("envbuild.discover", "find upstream releases newer than the matrix"),
+    "ci": ("envbuild.ci", "generate CI (GitHub Actions workflow, docker-bake.json)"),
+    "doctor": ("envbuild.doctor", "check a verl training config and environment before a run"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="envbuild", description=__doc__.splitlines()[0])
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"envbuild {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (modname, helptext) in COMMANDS.items():
+        try:
+            mod = importlib.import_module(modname)
+        except ModuleNotFoundError as e:
+            if e.name != modname:
+                raise
+            continue  # command not built yet
+        p = sub.add_parser(name, help=helptext, description=helptext)
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except EnvbuildError as e:
+        print(f"envbuild {args.command}: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print(f"envbuild {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""Result records: one immutable JSON file per combination per run.
+
+Layout: RESULTS/records/<combo id>/<run id>.json. A record is written once, atomically, and
+never rewritten, so a failed or interrupted run can never erase an earlier verdict. The table
+(`envbuild publish`) folds all records; the newest record per combination and level wins.
+
+Record fields (schema 1):
+  schema        1
+  run_id        sortable, unique: "<UTC yyyymmddThhmmss>-<6 hex>"
+  created       ISO-8601 UTC
+  combo         the Combo as a dict (id, cuda, python, torch, engine, engine_version, verl, tag)
+  stage         furthest stage reached: "lock" | "render" | "build" | "probe"
+  status        "ok" (stage completed) | "fail" (the stack is broken: a verdict)
+                | "error" (infrastructure: index unreachable, daemon error; not a verdict)
+  cause         classified cause when not ok, e.g. "unsatisfiable", "index-unreachable",
+                "download-failure", "compile-failure", "missing-wheel", "timeout", "daemon-error"
+  detail        one paragraph: the explanation or the last lines of the failing output
+  base          {"kind": "nvidia"|"bootstrap"|"image", "ref": image reference}
+  image         {"ref", "content_hash", "id", "digest" ("repo@sha256:..." after push), "size"}
+  lock_hash     sha256 of the combination's full lock
+  probe         {level: probe verdict JSON as written by the probe}, levels "env"|"contract"|"gpu"
+  timings       {stage: seconds}
+  machine       {"hostname", "gpu", "docker"}
+  log           build log path relative to RESULTS, if any
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import secrets
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from .fsutil import write_json_atomic
+
+SCHEMA = 1
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+@dataclass
+class Record:
+    combo: dict
+    stage: str
+    status: str
+    cause: str | None = None
+    detail: str = ""
+    base: dict | None = None
+    image: dict | None = None
+    lock_hash: str | None = None
+    probe: dict = field(default_factory=dict)
+    timings: dict = field(default_factory=dict)
+    machine: dict = field(default_factory=dict)
+    log: str | None = None
+    run_id: str = field(default_factory=new_run_id)
+    created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    schema: int = SCHEMA
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Record":
+        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        return cls(**known)
+
+
+def machine_info() -> dict:
+    return {"hostname": platform.node(), "platform": platform.platform()}
+
+
+def records_dir(results: str | os.PathLike) -> Path:
+    return Path(results) / "records"
+
+
+def write_record(results: str | os.PathLike, rec: Record) -> Path:
+    path = records_dir(results) / rec.combo["id"] / f"{rec.run_id}.json"
+    if path.exists():  # immutable: never rewrite a record
+        raise FileExistsError(path)
+    if not rec.machine:
+        rec.machine = machine_info()
+    return write_json_atomic(path, rec.to_dict())
+
+
+def iter_records(results: str | os.PathLike) -> Iterator[Record]:
+    root = records_dir(results)
+    if not root.is_dir():
+        return
+    for p in sorted(root.glob("*/*.json")):
+        try:
+            yield Record.from_dict(json.loads(p.read_text()))
+        except (json.JSONDecodeError, TypeError, OSError):
+            continue  # a foreign or truncated file is not a record
+
+
+def latest_by_combo(results: str | os.PathLike) -> dict[str, Record]:
+    out: dict[str, Record] = {}
+    for r in iter_records(results):
+        cur = out.get(r.combo["id"])
+        if cur is None or r.run_id > cur.run_id:
+            out[r.combo["id"]] = r
+    return out
