@@ -1,0 +1,380 @@
+"""The package index: which index serves what, release dates, and package metadata.
+
+One place for these facts:
+- the default index is whatever pip/uv are configured with (never a host name written here);
+- a torch build for a CUDA variant that is not that torch release's default comes from the
+  PyTorch index for that variant, whose root the user configures (ENVBUILD_PYTORCH_INDEX);
+- metadata (Requires-Dist, Requires-Python, upload time) is read from the index with the
+  PEP 691 JSON API plus HTTP range reads of the wheel's METADATA (no wheel is downloaded).
+
+Metadata of a release never changes, so it is cached on disk and a recorded snapshot
+(matrix/metadata.json) lets `plan` run offline and fast.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+import zipfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from .errors import InfraError
+
+PYTORCH_INDEX_ENV = "ENVBUILD_PYTORCH_INDEX"
+TIMEOUT = 30
+
+
+# --------------------------------------------------------------------------- which index
+
+
+@lru_cache(maxsize=1)
+def default_index_url() -> str:
+    """The simple-API URL pip/uv are configured with (credentials included, if any)."""
+    for var in ("UV_DEFAULT_INDEX", "UV_INDEX_URL", "PIP_INDEX_URL"):
+        if os.environ.get(var):
+            return os.environ[var].rstrip("/")
+    try:
+        out = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.index-url"],
+                             capture_output=True, text=True, timeout=20)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip().rstrip("/")
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    # pip's own default: the same index uv uses when nothing is configured.
+    from pip._internal.models.index import PyPI  # noqa: PLC0415
+
+    return PyPI.simple_url.rstrip("/")
+
+
+def redact(url: str) -> str:
+    """An index URL without its credentials, fit for logs and records."""
+    p = urllib.parse.urlsplit(url)
+    if p.username or p.password:
+        p = p._replace(netloc=p.hostname + (f":{p.port}" if p.port else ""))
+    return urllib.parse.urlunsplit(p)
+
+
+@dataclass(frozen=True)
+class TorchSource:
+    """Where a combination's torch comes from."""
+
+    variant: str  # cu124
+    default_variant: str  # the variant of this torch release's wheels on the default index
+    url: str | None  # None: the default index; else the PyTorch index for the variant
+
+    @property
+    def kind(self) -> str:
+        return "default" if self.url is None else "pytorch"
+
+
+def torch_source(variant: str, torch_version: str, meta: "Metadata") -> TorchSource:
+    default = meta.default_cuda(torch_version)
+    if default == variant:
+        return TorchSource(variant, default, None)
+    root = os.environ.get(PYTORCH_INDEX_ENV, "").rstrip("/")
+    if not root:
+        raise InfraError(
+            "index-unreachable",
+            f"torch {torch_version} for {variant} is only on the PyTorch index (the default index "
+            f"serves {default}); no PyTorch index is configured: set {PYTORCH_INDEX_ENV} to its root "
+            f"(the folder holding cu124/, cu126/, ...)")
+    return TorchSource(variant, default, f"{root}/{variant}")
+
+
+def check_reachable(url: str) -> None:
+    """Raise index-unreachable unless the index answers (any HTTP status counts as an answer)."""
+    try:
+        _open(url.rstrip("/") + "/torch/", timeout=15).close()
+    except urllib.error.HTTPError:
+        return
+    except (urllib.error.URLError, OSError, TimeoutError) as e:
+        raise InfraError("index-unreachable", f"{redact(url)} does not answer: {getattr(e, 'reason', e)}") from None
+
+
+# --------------------------------------------------------------------------- HTTP
+
+
+def _opener():
+    import ssl
+
+    ctx = ssl.create_default_context(cafile=os.environ.get("PIP_CERT") or os.environ.get("SSL_CERT_FILE")
+                                     or os.environ.get("REQUESTS_CA_BUNDLE"))
+    return urllib.request.build_opener(urllib.request.HTTPSHandler(context=ctx))
+
+
+def _open(url: str, headers: dict | None = None, timeout: float = TIMEOUT):
+    req = urllib.request.Request(url, headers=headers or {})
+    p = urllib.parse.urlsplit(url)
+    if p.username:  # basic auth from the URL, as pip does
+        import base64
+
+        tok = base64.b64encode(f"{urllib.parse.unquote(p.username)}:{urllib.parse.unquote(p.password or '')}".encode())
+        req.add_header("Authorization", "Basic " + tok.decode())
+        req.full_url = urllib.parse.urlunsplit(p._replace(netloc=p.hostname + (f":{p.port}" if p.port else "")))
+    return _opener().open(req, timeout=timeout)
+
+
+class _RangeFile(io.RawIOBase):
+    """A seekable read-only view of a remote file through HTTP range requests."""
+
+    def __init__(self, url: str, size: int):
+        self.url, self.size, self.pos = url, size, 0
+        self._chunks: dict[int, bytes] = {}
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def tell(self):
+        return self.pos
+
+    def seek(self, off, whence=0):
+        self.pos = off if whence == 0 else self.pos + off if whence == 1 else self.size + off
+        return self.pos
+
+    def read(self, n=-1):
+        if n < 0:
+            n = self.size - self.pos
+        n = min(n, self.size - self.pos)
+        if n <= 0:
+            return b""
+        start, end = self.pos, self.pos + n - 1
+        with _open(self.url, {"Range": f"bytes={start}-{end}"}) as r:
+            data = r.read()
+            if r.status != 206:  # server ignored the range: slice what it sent
+                data = data[start:end + 1]
+        self.pos += len(data)
+        return data
+
+    def readinto(self, b):
+        data = self.read(len(b))
+        b[:len(data)] = data
+        return len(data)
+
+
+def _wheel_metadata(url: str, size: int) -> str:
+    """METADATA of a remote wheel: the zip's tail and one member, a few KB in all."""
+    tail = min(size, 1 << 16)
+    rf = _RangeFile(url, size)
+    rf.seek(size - tail)
+    buf = rf.read(tail)
+
+    class _Tail(_RangeFile):
+        def read(self, n=-1):  # serve the already fetched tail locally
+            if self.pos >= size - tail:
+                n = (size - self.pos) if n < 0 else n
+                out = buf[self.pos - (size - tail): self.pos - (size - tail) + n]
+                self.pos += len(out)
+                return out
+            return super().read(n)
+
+    with zipfile.ZipFile(io.BufferedReader(_Tail(url, size), buffer_size=1 << 16)) as z:
+        name = next(n for n in z.namelist() if re.match(r"^[^/]+\.dist-info/METADATA$", n))
+        return z.read(name).decode("utf-8", "replace")
+
+
+# --------------------------------------------------------------------------- metadata
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _wheel_rank(filename: str) -> int:
+    """Prefer the wheel a Linux x86_64 CPython 3.11 image would install."""
+    if not filename.endswith(".whl"):
+        return 99
+    score = 0
+    if "x86_64" in filename or "none-any" in filename:
+        score -= 10
+    if "cp311" in filename or "abi3" in filename or "py3-none" in filename:
+        score -= 5
+    if "linux" in filename:
+        score -= 2
+    return score
+
+
+class Metadata:
+    """Answers metadata questions for the planner and the locker.
+
+    Lookup order: the recorded snapshot (matrix/metadata.json), the disk cache, the index.
+    With online=False an unknown release is an error instead of a network request.
+    """
+
+    def __init__(self, snapshot: str | Path | None = None, online: bool = True, index: str | None = None):
+        from .paths import cache_dir, data_dir
+
+        self.snapshot_path = Path(snapshot) if snapshot else data_dir("matrix") / "metadata.json"
+        self.online = online
+        self._index = index
+        self._cache = cache_dir() / "metadata"
+        self._mem: dict[str, dict] = {}
+        self._files: dict[str, list] = {}
+        self.fetched: list[str] = []  # releases fetched from the index in this process
+        try:
+            self._snap = json.loads(self.snapshot_path.read_text())["releases"]
+        except (OSError, ValueError, KeyError):
+            self._snap = {}
+
+    @property
+    def index(self) -> str:
+        return self._index or default_index_url()
+
+    def files(self, name: str) -> list[dict]:
+        """PEP 691 file list of a project."""
+        key = _norm(name)
+        if key not in self._files:
+            url = f"{self.index}/{key}/"
+            try:
+                with _open(url, {"Accept": "application/vnd.pypi.simple.v1+json"}) as r:
+                    self._files[key] = json.load(r)["files"]
+            except urllib.error.HTTPError as e:
+                if e.code == 404:
+                    self._files[key] = []
+                else:
+                    raise InfraError("index-unreachable", f"{redact(url)}: HTTP {e.code}") from None
+            except (urllib.error.URLError, OSError, ValueError) as e:
+                raise InfraError("index-unreachable", f"{redact(url)}: {getattr(e, 'reason', e)}") from None
+        return self._files[key]
+
+    def versions(self, name: str) -> list[str]:
+        from packaging.utils import parse_wheel_filename, parse_sdist_filename
+        from packaging.version import Version
+
+        vs = set()
+        for f in self.files(name):
+            if f.get("yanked"):
+                continue
+            try:
+                fn = f["filename"]
+                v = parse_wheel_filename(fn)[1] if fn.endswith(".whl") else parse_sdist_filename(fn)[1]
+            except Exception:  # noqa: BLE001 - foreign file names are skipped
+                continue
+            vs.add(v)
+        return [str(v) for v in sorted(vs, key=Version)]
+
+    def get(self, name: str, version: str) -> dict:
+        key = f"{_norm(name)}=={version}"
+        if key in self._mem:
+            return self._mem[key]
+        rec = self._snap.get(key)
+        cpath = self._cache / f"{key}.json"
+        if rec is None and cpath.exists():
+            rec = json.loads(cpath.read_text())
+        if rec is None:
+            if not self.online:
+                raise InfraError("metadata-missing", f"no recorded metadata for {key} (offline)")
+            rec = self._fetch(name, version)
+            from .fsutil import write_json_atomic
+
+            write_json_atomic(cpath, rec)
+            self.fetched.append(key)
+        self._mem[key] = rec
+        return rec
+
+    def _fetch(self, name: str, version: str) -> dict:
+        from packaging.utils import parse_wheel_filename, parse_sdist_filename
+        from packaging.version import Version
+
+        want = Version(version)
+        files = []
+        for f in self.files(name):
+            fn = f["filename"]
+            try:
+                v = parse_wheel_filename(fn)[1] if fn.endswith(".whl") else parse_sdist_filename(fn)[1]
+            except Exception:  # noqa: BLE001
+                continue
+            if v == want and not f.get("yanked"):
+                files.append(f)
+        if not files:
+            from .errors import EnvbuildError
+
+            raise EnvbuildError(f"{name} {version} is not on the index ({redact(self.index)})")
+        released = min(f["upload-time"] for f in files if f.get("upload-time"))
+        best = min(files, key=lambda f: _wheel_rank(f["filename"]))
+        if not best["filename"].endswith(".whl"):
+            raise InfraError("metadata-missing", f"{name} {version} has no wheel to read metadata from")
+        url = urllib.parse.urljoin(f"{self.index}/{_norm(name)}/", best["url"])
+        try:
+            text = _wheel_metadata(url, best["size"])
+        except (urllib.error.URLError, OSError, zipfile.BadZipFile, StopIteration) as e:
+            raise InfraError("index-unreachable", f"reading metadata of {best['filename']}: {e}") from None
+        from email.parser import HeaderParser
+
+        msg = HeaderParser().parsestr(text)
+        return {
+            "requires_dist": msg.get_all("Requires-Dist") or [],
+            "requires_python": msg.get("Requires-Python") or "",
+            "provides_extra": msg.get_all("Provides-Extra") or [],
+            "released": released,
+        }
+
+    # -- questions -----------------------------------------------------------------------
+
+    def requires(self, name: str, version: str, extras: tuple[str, ...] = ()) -> list:
+        """Requirements that apply on Linux x86_64 CPython 3.11 with the given extras."""
+        from packaging.requirements import Requirement
+
+        env = {"sys_platform": "linux", "platform_machine": "x86_64", "platform_system": "Linux",
+               "python_version": "3.11", "python_full_version": "3.11.0", "implementation_name": "cpython",
+               "platform_python_implementation": "CPython", "os_name": "posix"}
+        out = []
+        for line in self.get(name, version)["requires_dist"]:
+            r = Requirement(line)
+            if r.marker is None or any(r.marker.evaluate({**env, "extra": e}) for e in ("",) + extras):
+                out.append(r)
+        return out
+
+    def requires_python(self, name: str, version: str) -> str:
+        return self.get(name, version)["requires_python"]
+
+    def released(self, name: str, version: str) -> str:
+        return self.get(name, version)["released"]
+
+    def engine_extras(self, engine: str, version: str) -> tuple[str, ...]:
+        # SGLang keeps its runtime deps (torch among them) in [srt] up to 0.5.2.
+        if engine == "sglang" and "srt" in self.get(engine, version)["provides_extra"]:
+            return ("srt",)
+        return ()
+
+    def torch_pin(self, engine: str, version: str) -> str | None:
+        for r in self.requires(engine, version, self.engine_extras(engine, version)):
+            if _norm(r.name) == "torch":
+                pins = [s.version for s in r.specifier if s.operator == "=="]
+                if pins:
+                    return pins[0]
+        return None
+
+    def default_cuda(self, torch_version: str) -> str:
+        """The CUDA variant of this torch release's wheels on the default index."""
+        for r in self.requires("torch", torch_version):
+            n = _norm(r.name)
+            m = re.match(r"^nvidia-cuda-runtime(-cu\d+)?$", n) or (n == "cuda-toolkit" and n)
+            if m:
+                pins = [s.version for s in r.specifier if s.operator in ("==", "~=", ">=")]
+                if pins:
+                    major, minor = pins[0].split(".")[:2]
+                    return f"cu{major}{minor}"
+        return "cpu"
+
+
+def snapshot(meta: Metadata, keys: list[tuple[str, str]], out: Path) -> Path:
+    """Write the recorded metadata snapshot for the given releases (sorted, stable bytes)."""
+    from .fsutil import write_atomic
+
+    rel = {f"{_norm(n)}=={v}": meta.get(n, v) for n, v in keys}
+    doc = {"comment": "generated by envbuild (envbuild plan --refresh-metadata): metadata of the "
+                      "releases the matrix names, read from the package index; do not edit",
+           "releases": dict(sorted(rel.items()))}
+    return write_atomic(out, json.dumps(doc, indent=1, sort_keys=True) + "\n")

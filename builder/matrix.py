@@ -1,0 +1,465 @@
+"""The matrix: YAML axes, includes and excludes -> the plan (a list of combinations).
+
+The YAML is validated node by node so every error names the file, the line and the field.
+Open axes (torch: auto) are filled from the pinned packages' metadata (envbuild.index), never
+typed by hand: `--vllm 0.8.4` implies torch 2.6.0 because vLLM 0.8.4's wheel requires it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from .errors import InputError
+
+ENGINES = ("vllm", "sglang", "hf")
+CUDA_RE = re.compile(r"^cu\d{3}$")
+# A docker image reference: registry/path:tag@digest, nothing a shell would interpret.
+IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*[a-z0-9](?::[\w][\w.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$")
+SAFE_STR_RE = re.compile(r"^[A-Za-z0-9_.,:/@=<>!~*+ -]*$")
+DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+
+
+# --------------------------------------------------------------------------- data classes
+
+
+@dataclass(frozen=True)
+class CudaVariant:
+    name: str  # cu124
+    toolkit: str  # 12.4
+    base: str  # the CUDA devel image for --base nvidia
+    glibc: str  # glibc of that base: decides the wheel platform the locks target
+    torch: str  # PEP 440 specifier: torch releases built for this variant
+
+
+@dataclass(frozen=True, order=True)
+class Combo:
+    verl: str
+    engine: str  # vllm | sglang | hf
+    engine_version: str  # "" for hf (transformers comes with verl)
+    torch: str
+    cuda: str
+    python: str
+    cuda_toolkit: str = field(default="", compare=False)
+    base_image: str = field(default="", compare=False)
+    glibc: str = field(default="", compare=False)
+
+    @property
+    def engine_label(self) -> str:
+        return f"{self.engine}{self.engine_version}"
+
+    @property
+    def tag(self) -> str:
+        """The readable image tag; the one place its format is defined."""
+        return f"verl{self.verl}-{self.engine_label}-torch{self.torch}-{self.cuda}-py{self.python}"
+
+    @property
+    def id(self) -> str:
+        return self.tag
+
+    def hashed_tag(self, content_hash: str) -> str:
+        return f"{self.tag}-{content_hash[:12]}"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["id"] = self.id
+        d["tag"] = self.tag
+        return d
+
+
+@dataclass(frozen=True)
+class ExcludeRule:
+    match: dict[str, str]  # axis -> specifier (versions) or exact value (cuda, engine)
+    reason: str
+    line: int
+
+
+@dataclass
+class Matrix:
+    path: str
+    image: str
+    grace_days: int
+    python: list[str]
+    cuda: dict[str, CudaVariant]
+    torch: list[str] | None  # None = auto (from the engine's pin)
+    engines: dict[str, list[str]]
+    verl: list[str]
+    include: list[dict[str, str]]
+    exclude: list[ExcludeRule]
+    lines: dict[tuple, int] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class Excluded:
+    combo: Combo
+    reason: str
+
+
+@dataclass
+class Plan:
+    combos: list[Combo]
+    excluded: list[Excluded]
+
+
+# --------------------------------------------------------------------------- YAML loading
+
+
+def _load_yaml_with_lines(path: str, text: str) -> tuple[Any, dict[tuple, int]]:
+    """Plain Python data plus a map from key path to 1-based line number."""
+    import yaml
+
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = mark.line + 1 if mark else None
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise InputError(path, line, "yaml", "", f"malformed YAML: {problem}") from None
+    lines: dict[tuple, int] = {}
+    ctor = yaml.SafeLoader("")
+
+    def conv(n, p: tuple):
+        lines[p] = n.start_mark.line + 1
+        if isinstance(n, yaml.MappingNode):
+            out = {}
+            for k, v in n.value:
+                key = ctor.construct_object(k)
+                if not isinstance(key, str):
+                    raise InputError(path, k.start_mark.line + 1, ".".join(map(str, p)) or "top", key,
+                                     "keys must be strings")
+                if key in out:
+                    raise InputError(path, k.start_mark.line + 1, ".".join(map(str, p + (key,))), key,
+                                     "duplicate key")
+                lines[p + (key,)] = k.start_mark.line + 1
+                out[key] = conv(v, p + (key,))
+            return out
+        if isinstance(n, yaml.SequenceNode):
+            return [conv(v, p + (i,)) for i, v in enumerate(n.value)]
+        return ctor.construct_object(n)
+
+    return (conv(node, ()) if node is not None else None), lines
+
+
+class _Checker:
+    """Validates one file; every error carries file, line, field, value."""
+
+    def __init__(self, path: str, lines: dict[tuple, int]):
+        self.path, self.lines = path, lines
+
+    def fail(self, p: tuple, value: Any, why: str):
+        line = None
+        for i in range(len(p), -1, -1):
+            if p[:i] in self.lines:
+                line = self.lines[p[:i]]
+                break
+        raise InputError(self.path, line, ".".join(map(str, p)) or "top", value, why)
+
+    def mapping(self, v, p, allowed: Iterable[str], required: Iterable[str] = ()) -> dict:
+        if not isinstance(v, dict):
+            self.fail(p, v, "expected a mapping")
+        for k in v:
+            if k not in allowed:
+                self.fail(p + (k,), k, f"unknown key (allowed: {', '.join(sorted(allowed))})")
+        for k in required:
+            if k not in v:
+                self.fail(p, k, "missing required key")
+        return v
+
+    def string(self, v, p, rx: re.Pattern | None = None, what: str = "") -> str:
+        if not isinstance(v, str):
+            hint = " (quote it: YAML reads 0.10 as the number 0.1)" if isinstance(v, (int, float)) else ""
+            self.fail(p, v, f"expected a quoted string{hint}")
+        if not SAFE_STR_RE.match(v):
+            self.fail(p, v, "contains characters that are not allowed (shell metacharacters?)")
+        if rx is not None and not rx.match(v):
+            self.fail(p, v, f"not {what}")
+        return v
+
+    def version(self, v, p) -> str:
+        from packaging.version import InvalidVersion, Version
+
+        s = self.string(v, p)
+        try:
+            ver = Version(s)
+        except InvalidVersion:
+            self.fail(p, v, "not a PEP 440 version")
+        if ver.local:
+            self.fail(p, v, "local versions (+...) are not allowed: the CUDA variant is the cuda axis")
+        return s
+
+    def specifier(self, v, p) -> str:
+        from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+        s = self.string(v, p)
+        try:
+            SpecifierSet(s)
+        except InvalidSpecifier:
+            self.fail(p, v, "not a PEP 440 version specifier")
+        return s
+
+    def cuda(self, v, p) -> str:
+        return self.string(v, p, CUDA_RE, "a CUDA tag of the form cuNNN")
+
+    def lst(self, v, p, item: Callable) -> list:
+        if not isinstance(v, list) or not v:
+            self.fail(p, v, "expected a non-empty list")
+        return [item(x, p + (i,)) for i, x in enumerate(v)]
+
+
+TOP_KEYS = {"schema", "image", "grace_days", "python", "cuda", "torch", "engines", "verl", "include", "exclude"}
+AXES = ("cuda", "python", "torch", "engine", "vllm", "sglang", "verl")
+
+
+def load_matrix(path: str | Path) -> Matrix:
+    path = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise InputError(path, None, "file", path, f"cannot read: {e.strerror}") from None
+    data, lines = _load_yaml_with_lines(path, text)
+    c = _Checker(path, lines)
+    if data is None:
+        c.fail((), None, "empty matrix")
+    c.mapping(data, (), TOP_KEYS, required=("cuda", "python", "engines", "verl"))
+    if data.get("schema", 1) != 1:
+        c.fail(("schema",), data["schema"], "unsupported schema (expected 1)")
+    image = c.string(data.get("image", "envbuild/verl"), ("image",), IMAGE_RE, "an image repository")
+    grace = data.get("grace_days", 14)
+    if not isinstance(grace, int) or isinstance(grace, bool) or not 0 <= grace <= 365:
+        c.fail(("grace_days",), grace, "expected an integer number of days (0-365)")
+
+    cuda: dict[str, CudaVariant] = {}
+    c.mapping(data["cuda"], ("cuda",), data["cuda"].keys() if isinstance(data["cuda"], dict) else ())
+    for name, spec in data["cuda"].items():
+        p = ("cuda", name)
+        c.cuda(name, p)
+        c.mapping(spec, p, {"toolkit", "base", "glibc", "torch"}, required=("toolkit", "base", "glibc", "torch"))
+        cuda[name] = CudaVariant(
+            name=name,
+            toolkit=c.string(spec["toolkit"], p + ("toolkit",), re.compile(r"^\d+\.\d+$"), "MAJOR.MINOR"),
+            base=c.string(spec["base"], p + ("base",), IMAGE_RE, "an image reference"),
+            glibc=c.string(spec["glibc"], p + ("glibc",), re.compile(r"^2\.\d+$"), "a glibc version 2.N"),
+            torch=c.specifier(spec["torch"], p + ("torch",)),
+        )
+        if name != "cu" + spec["toolkit"].replace(".", ""):
+            c.fail(p + ("toolkit",), spec["toolkit"], f"does not match the variant name {name}")
+
+    python = c.lst(data["python"], ("python",), lambda v, p: c.string(v, p, re.compile(r"^3\.\d+$"), "a Python version 3.N"))
+    torch_axis = data.get("torch", "auto")
+    torch = None if torch_axis == "auto" else c.lst(torch_axis, ("torch",), c.version)
+
+    c.mapping(data["engines"], ("engines",), ENGINES)
+    engines: dict[str, list[str]] = {}
+    for eng, versions in data["engines"].items():
+        if eng == "hf":
+            if versions not in (True, [], None):
+                c.fail(("engines", "hf"), versions, "hf takes no versions: write `hf: true`")
+            engines["hf"] = [""]
+        else:
+            engines[eng] = c.lst(versions, ("engines", eng), c.version)
+    verl = c.lst(data["verl"], ("verl",), c.version)
+
+    def axis_value(k, v, p):
+        if k == "cuda":
+            return c.cuda(v, p)
+        if k == "engine":
+            return c.string(v, p, re.compile("^(" + "|".join(ENGINES) + ")$"), "an engine: " + ", ".join(ENGINES))
+        if k == "python":
+            return c.string(v, p, re.compile(r"^3\.\d+$"), "a Python version 3.N")
+        return c.version(v, p)
+
+    include = []
+    for i, inc in enumerate(data.get("include") or []):
+        p = ("include", i)
+        c.mapping(inc, p, set(AXES), required=("verl",))
+        d = {k: axis_value(k, v, p + (k,)) for k, v in inc.items()}
+        if sum(k in d for k in ("vllm", "sglang")) > 1 or ("engine" in d and ({"vllm", "sglang"} & d.keys())):
+            c.fail(p, inc, "name exactly one engine: vllm, sglang or engine: hf")
+        include.append(d)
+
+    exclude = []
+    for i, ex in enumerate(data.get("exclude") or []):
+        p = ("exclude", i)
+        c.mapping(ex, p, set(AXES) | {"reason"}, required=("reason",))
+        reason = c.string(ex["reason"], p + ("reason",))
+        if not reason.strip():
+            c.fail(p + ("reason",), reason, "every exclusion needs a reason")
+        match = {}
+        for k, v in ex.items():
+            if k == "reason":
+                continue
+            if k in ("cuda", "engine", "python"):
+                match[k] = axis_value(k, v, p + (k,))
+            else:
+                match[k] = c.specifier(v, p + (k,))
+        if not match:
+            c.fail(p, ex, "an exclusion must match at least one axis")
+        exclude.append(ExcludeRule(match, reason, lines.get(p, 0)))
+
+    return Matrix(path, image, grace, python, cuda, torch, engines, verl, include, exclude, lines)
+
+
+# --------------------------------------------------------------------------- expansion
+
+
+@dataclass
+class Selectors:
+    cuda: str | None = None
+    python: str | None = None
+    torch: str | None = None
+    vllm: str | None = None
+    sglang: str | None = None
+    hf: bool = False
+    verl: str | None = None
+
+    def any(self) -> bool:
+        return any(v for v in asdict(self).values())
+
+
+def add_selector_args(p) -> None:
+    p.add_argument("--matrix", default=None, help="matrix YAML (default: the bundled matrix/verl.yaml)")
+    p.add_argument("--cuda", help="CUDA variant, e.g. cu124")
+    p.add_argument("--python", help="Python version, e.g. 3.11")
+    p.add_argument("--torch", help="torch version (overrides the pin the engine implies)")
+    p.add_argument("--vllm", help="vLLM version")
+    p.add_argument("--sglang", help="SGLang version")
+    p.add_argument("--hf", action="store_true", help="the hf engine (transformers generate, no inference engine)")
+    p.add_argument("--verl", help="verl version")
+
+
+def selectors_from_args(args) -> Selectors:
+    s = Selectors(cuda=args.cuda, python=args.python, torch=args.torch, vllm=args.vllm,
+                  sglang=args.sglang, hf=args.hf, verl=args.verl)
+    c = _Checker("command line", {})
+    for k in ("torch", "vllm", "sglang", "verl"):
+        if getattr(s, k) is not None:
+            c.version(getattr(s, k), ("--" + k,))
+    if s.cuda is not None:
+        c.cuda(s.cuda, ("--cuda",))
+    if s.python is not None:
+        c.string(s.python, ("--python",), re.compile(r"^3\.\d+$"), "a Python version 3.N")
+    if sum(bool(x) for x in (s.vllm, s.sglang, s.hf)) > 1:
+        c.fail(("--vllm/--sglang/--hf",), "", "pick one engine")
+    return s
+
+
+def matrix_from_args(args) -> Matrix:
+    from .paths import default_matrix
+
+    return load_matrix(args.matrix or default_matrix())
+
+
+@lru_cache(maxsize=65536)
+def _spec_match(spec: str, version: str) -> bool:
+    from packaging.specifiers import SpecifierSet
+
+    return SpecifierSet(spec, prereleases=True).contains(version, prereleases=True)
+
+
+def _rule_matches(rule: ExcludeRule, c: Combo) -> bool:
+    for k, v in rule.match.items():
+        if k in ("cuda", "python", "engine"):
+            if getattr(c, k) != v:
+                return False
+        elif k in ("vllm", "sglang"):
+            if c.engine != k or not _spec_match(v, c.engine_version):
+                return False
+        elif not _spec_match(v, getattr(c, k)):  # torch, verl
+            return False
+    return True
+
+
+def plan(m: Matrix, sel: Selectors | None = None, meta=None) -> Plan:
+    """Expand axes x engines x includes, apply exclusions, then narrow by selectors.
+
+    Selectors act as axis overrides (a version outside the matrix is planned, so that
+    `envbuild lock --vllm 0.8.4 --torch 2.7.0` can give its verdict), then filter.
+    `meta` answers metadata questions (envbuild.index.Metadata); it fills torch: auto.
+    """
+    from .index import Metadata
+
+    sel = sel or Selectors()
+    meta = meta or Metadata()
+    engines = dict(m.engines)
+    if sel.vllm or sel.sglang or sel.hf:
+        eng = "vllm" if sel.vllm else "sglang" if sel.sglang else "hf"
+        engines = {eng: [sel.vllm or sel.sglang or ""]}
+    cudas = [sel.cuda] if sel.cuda else list(m.cuda)
+    for cu in cudas:
+        if cu not in m.cuda:
+            raise InputError(m.path, m.lines.get(("cuda",)), "cuda", cu,
+                             f"unknown CUDA variant (the matrix declares {', '.join(m.cuda)})")
+    pythons = [sel.python] if sel.python else m.python
+    verls = [sel.verl] if sel.verl else m.verl
+    torch_axis = [sel.torch] if sel.torch else m.torch
+
+    raw: list[tuple[dict, str | None]] = []  # (axis values, forced torch or None)
+    for (eng, versions), verl, cu, py in itertools.product(engines.items(), verls, cudas, pythons):
+        for ev in versions:
+            raw.append(({"engine": eng, "engine_version": ev, "verl": verl, "cuda": cu, "python": py}, None))
+    for inc in m.include:
+        eng = "vllm" if "vllm" in inc else "sglang" if "sglang" in inc else inc.get("engine", "hf")
+        base = {"engine": eng, "engine_version": inc.get(eng, ""), "verl": inc["verl"],
+                "cuda": inc.get("cuda"), "python": inc.get("python")}
+        for cu in [base["cuda"]] if base["cuda"] else cudas:
+            for py in [base["python"]] if base["python"] else pythons:
+                raw.append(({**base, "cuda": cu, "python": py}, inc.get("torch")))
+
+    combos: dict[Combo, None] = {}
+    excluded: dict[Combo, str] = {}
+    for axes, forced_torch in raw:
+        torches, why = _torch_for(axes, forced_torch, torch_axis, meta)
+        for t in torches:
+            cv = m.cuda[axes["cuda"]]
+            combo = Combo(torch=t, cuda_toolkit=cv.toolkit, base_image=cv.base, glibc=cv.glibc, **axes)
+            if combo in combos or combo in excluded:
+                continue
+            reason = why or _exclusion(m, combo, meta)
+            if reason:
+                excluded[combo] = reason
+            else:
+                combos[combo] = None
+
+    def selected(c: Combo) -> bool:
+        return ((not sel.cuda or c.cuda == sel.cuda) and (not sel.python or c.python == sel.python)
+                and (not sel.torch or c.torch == sel.torch) and (not sel.verl or c.verl == sel.verl)
+                and (not sel.vllm or (c.engine, c.engine_version) == ("vllm", sel.vllm))
+                and (not sel.sglang or (c.engine, c.engine_version) == ("sglang", sel.sglang))
+                and (not sel.hf or c.engine == "hf"))
+
+    return Plan(sorted(c for c in combos if selected(c)),
+                sorted((Excluded(c, r) for c, r in excluded.items() if selected(c)), key=lambda e: e.combo))
+
+
+def _torch_for(axes: dict, forced: str | None, torch_axis: list[str] | None, meta) -> tuple[list[str], str | None]:
+    if forced:
+        return [forced], None
+    if torch_axis:
+        return list(torch_axis), None
+    if axes["engine"] == "hf":
+        return ["?"], "the hf engine pins no torch: name one in an include entry or with --torch"
+    pin = meta.torch_pin(axes["engine"], axes["engine_version"])
+    if pin is None:
+        return ["?"], f"{axes['engine']} {axes['engine_version']} pins no exact torch version: give --torch"
+    return [pin], None
+
+
+def _exclusion(m: Matrix, c: Combo, meta) -> str | None:
+    """Why a combination is not planned, or None. Rules first, then facts from metadata."""
+    for rule in m.exclude:
+        if _rule_matches(rule, c):
+            return f"{rule.reason} ({Path(m.path).name}:{rule.line})"
+    cv = m.cuda[c.cuda]
+    if c.torch != "?" and not _spec_match(cv.torch, c.torch):
+        return f"torch {c.torch} has no {c.cuda} build (variant {c.cuda} covers torch{cv.torch})"
+    for pkg, ver in (("verl", c.verl), (c.engine, c.engine_version), ("torch", c.torch)):
+        if not ver or ver == "?":
+            continue
+        rp = meta.requires_python(pkg, ver)
+        if rp and not _spec_match(rp, c.python + ".0"):
+            return f"{pkg} {ver} requires Python {rp}"
+    return None

@@ -1,0 +1,80 @@
+"""`envbuild plan`: expand and filter the matrix, one row per combination."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from .errors import EnvbuildError
+from .matrix import Plan, add_selector_args, matrix_from_args, plan, selectors_from_args
+
+
+def add_arguments(p) -> None:
+    add_selector_args(p)
+    p.add_argument("--json", action="store_true", help="print a JSON list of combinations")
+    p.add_argument("--all", action="store_true", help="also list excluded combinations and why")
+    p.add_argument("--refresh-metadata", action="store_true",
+                   help="re-read the matrix's releases from the index and rewrite matrix/metadata.json")
+
+
+def plan_from_args(args, meta=None) -> Plan:
+    """Shared by every command that takes selectors: the plan, or a clear error if empty."""
+    m = matrix_from_args(args)
+    sel = selectors_from_args(args)
+    pl = plan(m, sel, meta)
+    if not pl.combos:
+        hint = ""
+        if pl.excluded:
+            hint = "; excluded: " + "; ".join(f"{e.combo.id}: {e.reason}" for e in pl.excluded[:3])
+        raise EnvbuildError(f"no combination in {m.path} matches the selectors{hint}")
+    return pl
+
+
+def run(args) -> int:
+    from .index import Metadata
+
+    meta = Metadata()
+    if args.refresh_metadata:
+        _refresh(args, meta)
+    pl = plan_from_args(args, meta)
+    rows = [c.to_dict() for c in pl.combos]
+    if args.json:
+        out = rows
+        if args.all:
+            out = {"combos": rows, "excluded": [{**e.combo.to_dict(), "reason": e.reason} for e in pl.excluded]}
+        json.dump(out, sys.stdout, indent=2)
+        print()
+        return 0
+    cols = ("id", "cuda", "python", "torch", "engine", "engine_version", "verl")
+    widths = [max([len(c)] + [len(str(r[c])) for r in rows]) for c in cols]
+    print("  ".join(c.upper().ljust(w) for c, w in zip(cols, widths)))
+    for r in rows:
+        print("  ".join(str(r[c] or "-").ljust(w) for c, w in zip(cols, widths)))
+    print(f"{len(rows)} combination(s)" + (f", {len(pl.excluded)} excluded" if pl.excluded else ""))
+    if args.all:
+        for e in pl.excluded:
+            print(f"excluded {e.combo.id}: {e.reason}")
+    return 0
+
+
+def _refresh(args, meta) -> None:
+    """Fetch metadata for every release the matrix names and record it (matrix/metadata.json)."""
+    from .index import snapshot
+    from .matrix import matrix_from_args
+
+    m = matrix_from_args(args)
+    meta._snap = {}  # read everything afresh (the disk cache still saves requests)
+    keys = [("verl", v) for v in m.verl]
+    for eng, versions in m.engines.items():
+        keys += [(eng, v) for v in versions if v]
+    torches = set(m.torch or [])
+    torches |= {inc["torch"] for inc in m.include if "torch" in inc}
+    for eng, versions in m.engines.items():
+        for v in versions:
+            if v:
+                pin = meta.torch_pin(eng, v)
+                if pin:
+                    torches.add(pin)
+    keys += [("torch", t) for t in sorted(torches)]
+    path = snapshot(meta, keys, meta.snapshot_path)
+    print(f"recorded metadata of {len(keys)} releases in {path}", file=sys.stderr)
