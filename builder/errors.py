@@ -24,5 +24,5 @@ class InfraError(EnvbuildError):
     exit_code = 3
 
     def __init__(self, cause: str, message: str):
-        self.cause = cause
+        self.cause, self.message = cause, message
         super().__init__(f"{cause}: {message}")
