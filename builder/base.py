@@ -1,0 +1,176 @@
+"""Base images. `envbuild base bootstrap` makes a minimal Debian/Ubuntu base from the
+distribution's own packages (debootstrap + `docker import`) for sites that mirror only a
+package index and a distribution: Python comes from the distribution, the CUDA runtime later
+from the torch/nvidia wheels.
+
+The tag carries a hash of the inputs (suite, mirror, packages, recipe version), so a changed
+input makes a new base and an unchanged one is reused. The build machine's CA bundle is never
+copied in: ca-certificates comes from the distribution, and the proxy CA reaches builds only as
+a BuildKit secret.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import EnvbuildError, InfraError, InputError
+
+# Bump when the recipe below changes in a way that changes the image.
+RECIPE = 1
+DEFAULT_SUITE = "bookworm"
+DEFAULT_REPO = "envbuild/base"
+PACKAGES = ("python3", "python3-venv", "ca-certificates")
+UBUNTU_SUITES = {"focal", "jammy", "noble", "oracular", "plucky"}
+BASE_KINDS = ("nvidia", "bootstrap")  # anything else names an image
+
+
+@dataclass
+class BaseRef:
+    kind: str  # "nvidia" | "bootstrap" | "image"
+    ref: str
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "ref": self.ref}
+
+
+def host_mirror(suite: str) -> str | None:
+    """The mirror the host's apt already uses (so no mirror name lives in the project)."""
+    want_ubuntu = suite in UBUNTU_SUITES
+    cands: list[str] = []
+    paths = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]
+    for p in paths:
+        if not p.is_file() or p.name.endswith((".disabled", ".save")) or "disabled" in p.name:
+            continue
+        try:
+            text = p.read_text()
+        except OSError:
+            continue
+        cands += re.findall(r"^\s*URIs:\s*(\S+)", text, re.M)
+        cands += re.findall(r"^\s*deb\s+(?:\[[^\]]*\]\s+)?(\S+)", text, re.M)
+    for uri in cands:
+        if "security" in uri:
+            continue
+        if want_ubuntu == ("ubuntu" in uri):
+            return uri
+    return None
+
+
+def inputs(suite: str, mirror: str, packages: tuple[str, ...] = PACKAGES) -> dict:
+    return {"recipe": RECIPE, "suite": suite, "mirror": mirror, "variant": "minbase",
+            "packages": sorted(packages), "arch": "amd64"}
+
+
+def input_hash(inp: dict) -> str:
+    return hashlib.sha256(json.dumps(inp, sort_keys=True).encode()).hexdigest()
+
+
+def default_tag(suite: str, inp: dict) -> str:
+    return f"{DEFAULT_REPO}:{suite}-py3-{input_hash(inp)[:12]}"
+
+
+def _sudo() -> list[str]:
+    if os.geteuid() == 0:
+        return []
+    if shutil.which("sudo"):
+        return ["sudo", "-n"]
+    raise InfraError("no-root", "debootstrap needs root (or passwordless sudo)")
+
+
+def bootstrap(engine, suite: str = DEFAULT_SUITE, tag: str | None = None, mirror: str | None = None,
+              log=print) -> BaseRef:
+    """Build (or reuse) the bootstrap base; returns its reference."""
+    if not re.fullmatch(r"[a-z][a-z0-9-]*", suite):
+        raise InputError("--suite", None, "suite", suite, "not a distribution suite name")
+    mirror = mirror or host_mirror(suite)
+    if not mirror:
+        raise InputError("/etc/apt/sources.list*", None, "mirror", None,
+                         f"no apt mirror for suite {suite!r} on this host; pass --mirror URL")
+    inp = inputs(suite, mirror)
+    ref = tag or default_tag(suite, inp)
+    if engine.image_exists(ref):
+        log(f"base {ref}: present, reused")
+        return BaseRef("bootstrap", ref)
+    if not shutil.which("debootstrap"):
+        raise InfraError("no-debootstrap", "debootstrap not installed (ci/services.sh installs it)")
+    sudo = _sudo()
+    work = Path(tempfile.mkdtemp(prefix="envbuild-base-", dir=os.environ.get("TMPDIR", "/var/tmp")))
+    root = work / "rootfs"
+    try:
+        log(f"base {ref}: debootstrap {suite} from {mirror} (minbase + {' '.join(PACKAGES)})")
+        cmd = [*sudo, "debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}",
+               suite, str(root), mirror]
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if p.returncode != 0:
+            tail = " | ".join(p.stdout.strip().splitlines()[-5:])
+            raise InfraError("debootstrap-failed", f"{' '.join(cmd)} exited {p.returncode}: {tail}")
+        _trim(root, sudo)
+        # Tar the tree ourselves so ownership and modes survive exactly; docker import reads stdin.
+        tar = subprocess.Popen([*sudo, "tar", "-C", str(root), "--numeric-owner", "-cf", "-", "."],
+                               stdout=subprocess.PIPE)
+        changes = ['ENV LANG=C.UTF-8', 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
+                   'CMD ["/bin/bash"]', f'LABEL org.envbuild.base.suite={suite}',
+                   f'LABEL org.envbuild.base.inputs={input_hash(inp)}']
+        engine.import_tar(tar.stdout, ref, changes=changes)
+        tar.stdout.close()
+        if tar.wait() != 0:
+            engine.remove(ref)
+            raise InfraError("base-import", "tar of the bootstrapped tree failed")
+        log(f"base {ref}: built")
+        return BaseRef("bootstrap", ref)
+    finally:
+        subprocess.run([*sudo, "rm", "-rf", str(work)], check=False)
+
+
+def _trim(root: Path, sudo: list[str]) -> None:
+    """Drop what a base does not need at run time: apt lists and caches, docs, the host's
+    resolv.conf/hostname copies (docker supplies its own)."""
+    junk = ["var/lib/apt/lists", "var/cache/apt", "usr/share/doc", "usr/share/man",
+            "usr/share/info", "var/log"]
+    for j in junk:
+        subprocess.run([*sudo, "sh", "-c", f'rm -rf "{root / j}"/*'], check=False)
+    for f in ("etc/resolv.conf", "etc/hostname"):
+        subprocess.run([*sudo, "rm", "-f", str(root / f)], check=False)
+    # A host-added CA (a proxy's) must never sit in the base; only the distribution's bundle.
+    subprocess.run([*sudo, "sh", "-c", f'rm -rf "{root}/usr/local/share/ca-certificates"/*'], check=False)
+
+
+def resolve_base(engine, spec: str, combo=None, suite: str = DEFAULT_SUITE, log=print) -> BaseRef:
+    """--base nvidia|bootstrap|IMAGE -> the reference a build starts FROM."""
+    if spec == "bootstrap":
+        return bootstrap(engine, suite=suite, log=log)
+    if spec == "nvidia":
+        ref = getattr(combo, "base_image", None) if combo is not None else None
+        if not ref:
+            raise InputError("--base", None, "base", spec, "combination has no base_image in the matrix")
+        return BaseRef("nvidia", ref)
+    if not spec or spec.startswith("-"):
+        raise InputError("--base", None, "base", spec, "expected nvidia, bootstrap or an image reference")
+    return BaseRef("image", spec)
+
+
+# --- CLI: envbuild base bootstrap -------------------------------------------------------------
+
+def add_arguments(parser) -> None:
+    sub = parser.add_subparsers(dest="base_command", metavar="ACTION")
+    b = sub.add_parser("bootstrap", help="debootstrap a minimal base with Python and import it")
+    b.add_argument("--suite", default=DEFAULT_SUITE, help="distribution suite (default bookworm)")
+    b.add_argument("--tag", help="image reference to create (default: envbuild/base:<suite>-py3-<input hash>)")
+    b.add_argument("--mirror", help="distribution mirror (default: the one this host's apt uses)")
+
+
+def run(args) -> int:
+    if getattr(args, "base_command", None) != "bootstrap":
+        raise EnvbuildError("expected an action: bootstrap (envbuild base bootstrap --help)")
+    from .docker import detect
+    engine = detect()
+    ref = bootstrap(engine, suite=args.suite, tag=args.tag, mirror=args.mirror)
+    print(ref.ref)
+    return 0

@@ -1,0 +1,618 @@
+"""`envbuild build`: plan -> lock -> render -> build (BuildKit) -> push -> probe -> record.
+
+One result record per combination (envbuild.record). Combinations build concurrently (-j N)
+and independently: one failing never stops the others. Every image gets two tags: the
+readable one (`verl0.4.1-vllm0.8.4-torch2.6.0-cu124-py3.11`) and that plus the content hash
+of its rendered context; an image whose content tag already exists locally or in the
+registry is not rebuilt, which is also how a rerun after Ctrl-C resumes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .errors import EnvbuildError, InfraError, InputError
+
+PROBE_LEVELS = ("none", "cpu", "gpu", "auto")
+CA_ENV = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
+DEFAULT_RESULTS = "results"
+DEFAULT_TIMEOUT = 3600
+LABEL = "org.envbuild"
+
+# Failure classes, most specific first: (cause, status, pattern over the build's last lines).
+# status "fail" is a verdict on the stack; "error" is infrastructure (never a verdict).
+CLASSES: list[tuple[str, str, re.Pattern]] = [
+    ("daemon-error", "error", re.compile(
+        r"Cannot connect to the Docker daemon|Is the docker daemon running|error during connect|"
+        r"no space left on device|failed to (solve|create LLB|compute cache key|export)|"
+        r"Error response from daemon|failed to read dockerfile|rpc error: code = Unavailable", re.I)),
+    ("unsatisfiable", "fail", re.compile(
+        r"No solution found when resolving|ResolutionImpossible|conflicting dependencies|"
+        r"Because .* depends on .*we can conclude", re.I)),
+    ("missing-wheel", "fail", re.compile(
+        r"GLIBC_\d+\.\d+'? not found|no wheels? (with|for) a matching (platform|Python)|"
+        r"is not a supported wheel on this platform|doesn't have a source distribution or wheel|"
+        r"has no (usable )?wheels?|Distribution not found|No matching distribution found|"
+        r"only has wheels for the following platforms?|hash mismatch.*platform", re.I)),
+    ("compile-failure", "fail", re.compile(
+        r"Failed to build|Building wheel for .* (did not run successfully|failed)|"
+        r"error: command '.*(gcc|g\+\+|nvcc|cc|c\+\+)' failed|CMake Error|subprocess-exited-with-error|"
+        r"Failed to (build|prepare) .* (wheel|metadata)|ninja: build stopped|No CUDA runtime is found|"
+        r"CUDA_HOME environment variable is not set|nvcc: not found|gcc: not found", re.I)),
+    ("download-failure", "error", re.compile(
+        r"Failed to (download|fetch)|error sending request|Connection (reset|refused|aborted)|"
+        r"Read timed out|timed out|ConnectionError|HTTP status (server|client) error|"
+        r"\b(403|404|5\d\d)\b.*(Forbidden|Not Found|Server Error|Bad Gateway)|CERTIFICATE_VERIFY_FAILED|"
+        r"certificate verify failed|invalid peer certificate|UnknownIssuer|Temporary failure in name resolution|"
+        r"Network is unreachable|dns error|hash mismatch|THESE PACKAGES DO NOT MATCH THE HASHES|"
+        r"IncompleteRead|unexpected end of file|Could not fetch URL", re.I)),
+]
+STEP_RE = re.compile(r"^#(\d+) \[([^\]]+)\] (.*)$")
+ERR_RE = re.compile(r"^#(\d+) ERROR:? (.*)$")
+
+
+# --------------------------------------------------------------------------- build output
+
+
+class StepTracker:
+    """Follows BuildKit's plain output: which step runs, which one failed."""
+
+    def __init__(self, on_step: Callable[[str], None] | None = None):
+        self.titles: dict[str, str] = {}
+        self.current = ""
+        self.failed: str | None = None
+        self.on_step = on_step
+
+    def __call__(self, line: str) -> None:
+        line = line.rstrip("\n")
+        m = STEP_RE.match(line)
+        if m:
+            n, pos, text = m.groups()
+            if n not in self.titles:
+                self.titles[n] = f"[{pos}] {text}"
+                self.current = self.titles[n]
+                if self.on_step:
+                    self.on_step(self.current)
+            return
+        m = ERR_RE.match(line)
+        if m and self.failed is None:
+            self.failed = self.titles.get(m.group(1), f"step #{m.group(1)}")
+
+
+def classify(tail: list[str], *, timed_out: bool = False, rc: int = 1) -> tuple[str, str]:
+    """-> (cause, status) from the last lines of a failed build."""
+    if timed_out:
+        return "timeout", "error"
+    text = "\n".join(tail)
+    for cause, status, rx in CLASSES[1:]:  # the stack's own failures first...
+        if rx.search(text):
+            return cause, status
+    if CLASSES[0][2].search(text) and not re.search(r"executor failed running|did not complete successfully", text):
+        return "daemon-error", "error"  # ...then the engine's, when no RUN step failed
+    if rc in (125, 126, 127) or not re.search(r"^#\d+ ", text, re.M):
+        return "daemon-error", "error"  # the client never got a build going
+    return "build-failure", "fail"
+
+
+def failure_detail(tail: list[str], step: str | None, n: int = 25) -> str:
+    # Drop BuildKit's progress noise so the last lines are the tool's own output.
+    keep = [ln for ln in tail if not re.match(r"^#\d+ (sha256:|extracting|exporting|\d+\.\d+ \s*$)", ln)]
+    where = f"failing step: {step}\n" if step else ""
+    return where + "\n".join(keep[-n:])
+
+
+# --------------------------------------------------------------------------- progress
+
+
+class PlainProgress:
+    """One line per state change (CI logs)."""
+
+    def __init__(self, combos, stream=None):
+        self.stream = stream or sys.stdout
+        self.t0 = {c.id: None for c in combos}
+        self.lock = threading.Lock()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def update(self, cid: str, state: str, note: str = "") -> None:
+        with self.lock:
+            if self.t0.get(cid) is None and state not in ("queued",):
+                self.t0[cid] = time.monotonic()
+            el = time.monotonic() - self.t0[cid] if self.t0.get(cid) else 0.0
+            print(f"[{time.strftime('%H:%M:%S')}] {cid}: {state} ({el:.0f}s)" + (f" {note}" if note else ""),
+                  file=self.stream, flush=True)
+
+    def step(self, cid: str, step: str) -> None:
+        pass  # plain output reports states only; the step is in the log
+
+    def message(self, text: str) -> None:
+        with self.lock:
+            print(text, file=self.stream, flush=True)
+
+
+class RichProgress(PlainProgress):
+    """A live table: per combination, state, current step and elapsed time."""
+
+    def __init__(self, combos, stream=None):
+        super().__init__(combos, stream)
+        self.rows = {c.id: ["queued", "", None, None] for c in combos}  # state, note, start, end
+
+    def __enter__(self):
+        from rich.console import Console
+        from rich.live import Live
+
+        self.console = Console(file=self.stream)
+        self.live = Live(self._table(), console=self.console, refresh_per_second=2, transient=False,
+                         get_renderable=self._table)
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.live.__exit__(*exc)
+        return False
+
+    def _table(self):
+        from rich.table import Table
+
+        t = Table(box=None, pad_edge=False)
+        for col in ("combination", "state", "elapsed", "step"):
+            t.add_column(col, no_wrap=col != "step", overflow="ellipsis")
+        now = time.monotonic()
+        colors = {"ok": "green", "reused": "green", "fail": "red", "error": "yellow"}
+        for cid, (state, note, start, end) in self.rows.items():
+            el = "" if start is None else f"{(end or now) - start:5.0f}s"
+            color = colors.get(state.split()[0], "cyan")
+            t.add_row(cid, f"[{color}]{state}[/]", el, note[:80])
+        return t
+
+    def update(self, cid, state, note=""):
+        with self.lock:
+            row = self.rows[cid]
+            if row[2] is None and state != "queued":
+                row[2] = time.monotonic()
+            row[0], row[1] = state, note
+            if state.split()[0] in ("ok", "reused", "fail", "error", "interrupted"):
+                row[3] = time.monotonic()
+
+    def step(self, cid, step):
+        with self.lock:
+            self.rows[cid][1] = step
+
+    def message(self, text):
+        self.console.print(text, markup=False, highlight=False)
+
+
+# --------------------------------------------------------------------------- orchestration
+
+
+@dataclass
+class Options:
+    results: Path
+    repo: str  # image repository, e.g. envbuild/verl or 127.0.0.1:5000/envbuild/verl
+    registry: bool  # repo names a registry (checked for existing content tags)
+    push: bool = False
+    base: str = "auto"
+    suite: str = "bookworm"
+    probe: str = "none"
+    jobs: int = 1
+    timeout: float = DEFAULT_TIMEOUT
+    ca_bundle: str | None = None
+    index_url: str | None = None
+    torch_index_root: str | None = None
+    rebuild: bool = False
+
+
+def sanitize_tag(tag: str) -> str:
+    t = re.sub(r"[^A-Za-z0-9_.-]", "_", tag)
+    return t[:128]
+
+
+def repo_from_registry(registry: str | None, default_repo: str) -> tuple[str, bool]:
+    """--registry 127.0.0.1:5000 -> 127.0.0.1:5000/<default repo>; a full repo stays as is."""
+    if not registry:
+        return default_repo, False
+    reg = registry.rstrip("/")
+    if not re.fullmatch(r"[a-z0-9][a-z0-9._:/-]*", reg):
+        raise InputError("--registry", None, "registry", registry, "not a registry host[:port][/repository]")
+    if "/" not in reg:
+        return f"{reg}/{default_repo}", True
+    return reg, True
+
+
+def default_ca_bundle() -> str | None:
+    for var in CA_ENV:
+        p = os.environ.get(var)
+        if p and os.path.isfile(p):
+            return p
+    return None
+
+
+class Builder:
+    """Runs the pipeline for one combination at a time; safe to use from several threads.
+    lock_fn / render_fn / probe_fn / engine are injectable (tests use fakes)."""
+
+    def __init__(self, opts: Options, engine, *, lock_fn, render_fn, base_fn, probe_fn=None,
+                 progress=None, stop: threading.Event | None = None):
+        self.o, self.engine = opts, engine
+        self.lock_fn, self.render_fn, self.base_fn, self.probe_fn = lock_fn, render_fn, base_fn, probe_fn
+        self.progress = progress or PlainProgress([])
+        self.stop = stop or threading.Event()
+
+    # The pipeline. Returns the record written, or None when interrupted (no verdict).
+    def build_one(self, combo):
+        from .record import Record, write_record
+
+        o, cid = self.o, combo.id
+        timings: dict[str, float] = {}
+        rec = Record(combo=combo.to_dict(), stage="lock", status="error")
+        logrel = f"logs/{cid}.log"
+        log_path = o.results / logrel
+
+        def finish(stage, status, cause=None, detail=""):
+            if self.stop.is_set() and status != "ok":
+                self.progress.update(cid, "interrupted")
+                return None
+            rec.stage, rec.status, rec.cause, rec.detail, rec.timings = stage, status, cause, detail, timings
+            write_record(o.results, rec)
+            self.progress.update(cid, status if status != "ok" else ("reused" if (rec.image or {}).get("reused") else "ok"),
+                                 f"{cause}" if cause else "")
+            return rec
+
+        # 1. lock
+        self.progress.update(cid, "locking")
+        t = time.monotonic()
+        try:
+            lr = self.lock_fn(combo, o.results / "locks")
+        except InfraError as e:
+            timings["lock"] = time.monotonic() - t
+            return finish("lock", "error", e.cause, str(e))
+        timings["lock"] = round(time.monotonic() - t, 3)
+        if lr.status != "ok":
+            status = "fail" if lr.status == "unsatisfiable" else "error"
+            return finish("lock", status, lr.status, lr.detail)
+        rec.lock_hash = lr.lock_hash
+
+        # 2. base + render
+        self.progress.update(cid, "rendering")
+        t = time.monotonic()
+        try:
+            base = self.base_fn(combo)
+            rec.base = base.to_dict()
+            rendered = self.render_fn(combo, lr, base.ref, o.results / "contexts" / cid)
+        except InfraError as e:
+            return finish("render", "error", e.cause, str(e))
+        except EnvbuildError as e:
+            return finish("render", "error", "render-error", str(e))
+        timings["render"] = round(time.monotonic() - t, 3)
+        chash = rendered.content_hash
+        content_ref = f"{o.repo}:{sanitize_tag(combo.tag + '-' + chash[:12])}"
+        readable_ref = f"{o.repo}:{sanitize_tag(combo.tag)}"
+        rec.image = {"ref": content_ref, "tags": [content_ref, readable_ref], "content_hash": chash,
+                     "id": None, "digest": None, "size": None, "reused": False}
+
+        # 3. build, unless this content is already built (locally or in the registry)
+        if self.stop.is_set():
+            return finish("render", "error", "interrupted")
+        t = time.monotonic()
+        local = not o.rebuild and self.engine.image_exists(content_ref)
+        remote = not o.rebuild and not local and o.registry and self.engine.registry_has(content_ref)
+        if local or remote:
+            rec.image["reused"] = True
+            if remote and (o.probe != "none"):
+                self.progress.update(cid, "pulling")
+                try:
+                    self.engine.pull(content_ref)
+                    local = True
+                except InfraError as e:
+                    return finish("build", "error", "daemon-error", str(e))
+            if local:
+                self.engine.tag(content_ref, readable_ref)
+        else:
+            self.progress.update(cid, "building")
+            tracker = StepTracker(lambda s: self.progress.step(cid, s))
+            labels = {f"{LABEL}.combo": cid, f"{LABEL}.content-hash": chash,
+                      f"{LABEL}.lock-hash": lr.lock_hash or "", f"{LABEL}.base": f"{base.kind}:{base.ref}"}
+            from .docker import secret_files
+
+            try:
+                with secret_files(self._secret_values(lr)) as sfiles:
+                    if o.ca_bundle:
+                        sfiles = {**sfiles, "ca-bundle": o.ca_bundle}
+                    res = self.engine.build(rendered.context_dir, dockerfile=rendered.dockerfile,
+                                            tags=[content_ref, readable_ref], labels=labels, secrets=sfiles,
+                                            log_path=log_path, timeout=o.timeout, on_line=tracker, stop=self.stop)
+            except InfraError as e:
+                return finish("build", "error", e.cause, str(e))
+            rec.log = logrel
+            timings["build"] = round(res.seconds, 3)
+            if res.interrupted or self.stop.is_set():
+                self.progress.update(cid, "interrupted")
+                return None
+            if not res.ok:
+                cause, status = classify(res.tail, timed_out=res.timed_out, rc=res.rc)
+                step = tracker.failed or (tracker.current if res.timed_out else None)
+                return finish("build", status, cause, failure_detail(res.tail, step))
+            local = True
+            rec.image["id"] = res.image_id
+        timings.setdefault("build", round(time.monotonic() - t, 3))
+        if local:
+            info = self.engine.inspect(content_ref) or {}
+            rec.image["id"] = info.get("Id") or rec.image["id"]
+            rec.image["size"] = info.get("Size")
+
+        # 4. push
+        if o.push:
+            self.progress.update(cid, "pushing")
+            t = time.monotonic()
+            try:
+                if remote:
+                    rec.image["digest"] = self.engine.remote_digest(content_ref)
+                else:
+                    rec.image["digest"] = self.engine.push(content_ref)
+                    self.engine.push(readable_ref)
+            except InfraError as e:
+                return finish("push", "error", "daemon-error", str(e))
+            timings["push"] = round(time.monotonic() - t, 3)
+
+        # 5. probe
+        if o.probe != "none":
+            self.progress.update(cid, "probing")
+            t = time.monotonic()
+            try:
+                verdict = self.probe_fn(content_ref, level=o.probe, engine=combo.engine,
+                                        expect=combo.to_dict(), timeout=o.timeout)
+            except InfraError as e:
+                return finish("probe", "error", e.cause, str(e))
+            timings["probe"] = round(time.monotonic() - t, 3)
+            rec.probe[verdict.get("level", o.probe)] = verdict
+            v = str(verdict.get("verdict", verdict.get("status", "ok"))).lower()
+            if v in ("fail", "broken", "failed"):
+                return finish("probe", "fail", verdict.get("cause") or "probe-failure", verdict.get("detail", ""))
+            if v in ("error",):
+                return finish("probe", "error", verdict.get("cause") or "probe-error", verdict.get("detail", ""))
+            return finish("probe", "ok")
+        return finish("build", "ok")
+
+    def _secret_values(self, lr) -> dict[str, str]:
+        vals = {}
+        if self.o.index_url:
+            vals["index-url"] = self.o.index_url
+        ti = getattr(lr, "torch_index", "default")
+        if ti and ti != "default" and self.o.torch_index_root:
+            vals["torch-index-url"] = f"{self.o.torch_index_root.rstrip('/')}/{lr.combo.cuda}"
+        return vals
+
+
+def run_all(builder: Builder, combos, jobs: int) -> tuple[list, bool]:
+    """Build every combination with up to `jobs` at once. -> (records, interrupted).
+    Ctrl-C stops running builds (killing their clients) and keeps every record written so far."""
+    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import TimeoutError as WaitTimeout
+
+    records: list = []
+    interrupted = False
+    pool = ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="envbuild")
+    futs = {pool.submit(_guarded, builder, c): c for c in combos}
+    try:
+        for f, c in futs.items():
+            while True:
+                try:
+                    r = f.result(timeout=0.5)
+                    break
+                except WaitTimeout:
+                    continue
+            if r is not None:
+                records.append(r)
+    except KeyboardInterrupt:
+        interrupted = True
+        builder.stop.set()
+        for f in futs:
+            f.cancel()
+        for f in futs:
+            if not f.cancelled():
+                try:
+                    r = f.result()
+                    if r is not None and r not in records:
+                        records.append(r)
+                except Exception:
+                    pass
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return records, interrupted
+
+
+def _guarded(builder: Builder, combo):
+    """One combination's failure (even a bug) is recorded and never stops the others."""
+    from .record import Record, write_record
+
+    if builder.stop.is_set():
+        return None
+    try:
+        return builder.build_one(combo)
+    except Exception as e:  # noqa: BLE001 - recorded, not swallowed
+        rec = Record(combo=combo.to_dict(), stage="build", status="error", cause="internal-error",
+                     detail=f"{type(e).__name__}: {e}")
+        write_record(builder.o.results, rec)
+        builder.progress.update(combo.id, "error", rec.detail)
+        return rec
+
+
+# --------------------------------------------------------------------------- adapters
+
+
+def _lock_adapter(matrix, meta):
+    from . import lock as lockmod
+
+    if hasattr(lockmod, "lock_combo"):
+        return lambda combo, out: lockmod.lock_combo(combo, matrix, out)
+    locker = lockmod.Locker(matrix, meta)
+    lk = threading.Lock()
+
+    def fn(combo, out):
+        with lk:  # one Locker shares metadata caches; uv itself runs outside our threads' way
+            return locker.lock(combo, out)
+    return fn
+
+
+def _render_adapter():
+    from .render import render_combo
+
+    return render_combo
+
+
+def _base_adapter(engine, spec: str, suite: str, say):
+    from .base import BaseRef, bootstrap, resolve_base
+
+    cache: dict[str, BaseRef] = {}
+    lk = threading.Lock()
+
+    def fn(combo) -> BaseRef:
+        with lk:
+            key = spec if spec != "nvidia" and spec != "auto" else f"{spec}:{combo.base_image}"
+            if key not in cache:
+                if spec == "auto":
+                    # The CUDA devel image when this engine has or can pull it; else the
+                    # air-gapped path (bootstrap), said out loud and recorded.
+                    ref = combo.base_image
+                    if ref and (engine.image_exists(ref) or _try_pull(engine, ref)):
+                        cache[key] = BaseRef("nvidia", ref)
+                    else:
+                        say(f"base: {ref or 'nvidia image'} cannot be pulled here; using the bootstrap base")
+                        cache[key] = bootstrap(engine, suite=suite, log=say)
+                else:
+                    cache[key] = resolve_base(engine, spec, combo, suite=suite, log=say)
+            return cache[key]
+    return fn
+
+
+def _try_pull(engine, ref: str) -> bool:
+    try:
+        engine.pull(ref, timeout=1800)
+        return True
+    except (InfraError, Exception):  # noqa: BLE001 - any pull failure means: not available
+        return False
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def add_arguments(p) -> None:
+    from .matrix import add_selector_args
+
+    add_selector_args(p)
+    p.add_argument("-j", "--jobs", type=int, default=1, help="combinations built at once (default 1)")
+    p.add_argument("--registry", help="registry (host:port) or full repository to tag for, check and push to")
+    p.add_argument("--push", action="store_true", help="push images to --registry and record their digests")
+    p.add_argument("--base", default="auto",
+                   help="nvidia (the matrix's CUDA devel image) | bootstrap (debootstrap base) | an image; "
+                        "default auto: nvidia when it can be pulled, else bootstrap")
+    p.add_argument("--suite", default="bookworm", help="distribution suite for --base bootstrap")
+    p.add_argument("--probe", default="none", choices=PROBE_LEVELS, help="probe each image (default none)")
+    p.add_argument("--results", default=DEFAULT_RESULTS, help=f"results folder (default ./{DEFAULT_RESULTS})")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per build (default 3600)")
+    p.add_argument("--ca-bundle", help="CA bundle given to builds as a secret (default: $PIP_CERT, "
+                                       "$SSL_CERT_FILE or $REQUESTS_CA_BUNDLE)")
+    p.add_argument("--rebuild", action="store_true", help="build even when the content tag exists")
+
+
+def options_from_args(args, default_repo: str) -> Options:
+    if args.jobs < 1:
+        raise InputError("command line", None, "--jobs", args.jobs, "must be at least 1")
+    if args.timeout <= 0:
+        raise InputError("command line", None, "--timeout", args.timeout, "must be positive")
+    if args.push and not args.registry:
+        raise InputError("command line", None, "--push", True, "needs --registry")
+    ca = args.ca_bundle
+    if ca is not None and not os.path.isfile(ca):
+        raise InputError("command line", None, "--ca-bundle", ca, "no such file")
+    ca = os.path.abspath(ca) if ca else default_ca_bundle()
+    repo, is_reg = repo_from_registry(args.registry, default_repo)
+    from .index import PYTORCH_INDEX_ENV, default_index_url
+
+    return Options(results=Path(args.results).resolve(), repo=repo, registry=is_reg, push=args.push,
+                   base=args.base, suite=args.suite, probe=args.probe, jobs=args.jobs, timeout=args.timeout,
+                   ca_bundle=ca, index_url=default_index_url(),
+                   torch_index_root=os.environ.get(PYTORCH_INDEX_ENV) or None, rebuild=args.rebuild)
+
+
+def _probe_level(spec: str) -> str:
+    if spec != "auto":
+        return spec
+    import shutil
+    import subprocess
+
+    if shutil.which("nvidia-smi") and subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0:
+        return "gpu"
+    return "cpu"
+
+
+def run(args) -> int:
+    from .docker import detect
+    from .index import Metadata
+    from .matrix import matrix_from_args
+    from .plan import plan_from_args
+
+    meta = Metadata()
+    m = matrix_from_args(args)
+    pl = plan_from_args(args, meta)
+    opts = options_from_args(args, m.image)
+    opts.probe = _probe_level(opts.probe)
+    probe_fn = None
+    if opts.probe != "none":
+        try:
+            from .probe_cmd import probe_image
+        except ImportError:
+            raise InputError("command line", None, "--probe", args.probe,
+                             "the probe is not available in this version; use --probe none") from None
+        probe_fn = probe_image
+    engine = detect()
+    opts.results.mkdir(parents=True, exist_ok=True)
+    tty = sys.stdout.isatty()
+    prog_cls = RichProgress if tty else PlainProgress
+    stop = threading.Event()
+    with prog_cls(pl.combos) as prog:
+        prog.message(f"envbuild build: {len(pl.combos)} combination(s), -j {opts.jobs}, {engine.describe()}")
+        builder = Builder(opts, engine, lock_fn=_lock_adapter(m, meta), render_fn=_render_adapter(),
+                          base_fn=_base_adapter(engine, opts.base, opts.suite, prog.message),
+                          probe_fn=probe_fn, progress=prog, stop=stop)
+        for c in pl.combos:
+            prog.update(c.id, "queued")
+        records, interrupted = run_all(builder, pl.combos, opts.jobs)
+    return summarize(records, opts, interrupted, len(pl.combos))
+
+
+def summarize(records, opts: Options, interrupted: bool, planned: int, out=None) -> int:
+    out = out or sys.stdout
+    print(f"\n{'combination':<50} {'status':<7} {'stage':<7} {'cause / image'}", file=out)
+    for r in sorted(records, key=lambda r: r.combo["id"]):
+        img = r.image or {}
+        what = r.cause or (img.get("digest") or img.get("ref") or "")
+        print(f"{r.combo['id']:<50} {r.status:<7} {r.stage:<7} {what}", file=out)
+        if r.status != "ok" and r.detail:
+            first = r.detail.strip().splitlines()
+            print(f"{'':<50} {first[0][:160] if first else ''}", file=out)
+    images = sorted({(r.image or {}).get("ref") for r in records if r.status == "ok" and r.image})
+    print(f"\nimages: {opts.repo} ({len(images)} built or reused" +
+          (", pushed" if opts.push else ", local") + ")", file=out)
+    for i in images:
+        print(f"  {i}", file=out)
+    print(f"results: {opts.results / 'records'} (logs: {opts.results / 'logs'})", file=out)
+    if interrupted:
+        print(f"interrupted: {len(records)} of {planned} recorded; rerun the same command to resume", file=out)
+        return 130
+    if any(r.status == "fail" for r in records):
+        return 1
+    if any(r.status == "error" for r in records):
+        return 3
+    return 0

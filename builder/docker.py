@@ -1,0 +1,378 @@
+"""The one place envbuild talks to the container engine (through the docker CLI).
+
+Builds go through BuildKit: `docker buildx build` where the client has buildx, else
+`DOCKER_BUILDKIT=1 docker build` through a client whose built-in builder is BuildKit. The
+first docker on PATH may be a newer client without buildx whose legacy builder refuses
+BuildKit, so other clients (Debian's /usr/bin/docker) are tried too. Builds always use the
+host network: daemons here run without a bridge, and only 127.0.0.1 is a legitimate target.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from .errors import InfraError
+
+DAEMON_DOWN = re.compile(r"Cannot connect to the Docker daemon|Is the docker daemon running|"
+                         r"error during connect|connect: no such file or directory|"
+                         r"permission denied while trying to connect", re.I)
+TAIL_LINES = 200
+
+
+def _candidates() -> list[str]:
+    out: list[str] = []
+    for c in (os.environ.get("ENVBUILD_DOCKER"), shutil.which("docker"), "/usr/bin/docker"):
+        if c and os.path.isfile(c) and os.access(c, os.X_OK) and os.path.realpath(c) not in map(os.path.realpath, out):
+            out.append(c)
+    return out
+
+
+def _q(cmd: list[str], env: dict | None = None, timeout: float = 30) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(cmd, 124, "", f"{cmd[0]} {cmd[1]}: no answer in {timeout}s")
+
+
+def detect(client: str | None = None) -> "Engine":
+    """Pick a client that can build with BuildKit against a daemon that answers; one clear
+    InfraError otherwise."""
+    cands = [client] if client else _candidates()
+    if not cands:
+        raise InfraError("no-docker", "no docker client found (install docker.io or run ci/services.sh)")
+    tried: list[str] = []
+    for c in cands:
+        v = _q([c, "version", "--format", "{{.Server.Version}}"])
+        if v.returncode != 0:
+            msg = (v.stderr or v.stdout).strip().splitlines()
+            line = msg[-1] if msg else f"exit {v.returncode}"
+            if DAEMON_DOWN.search(v.stderr or "") or v.returncode == 124:
+                raise InfraError("daemon-error", f"no Docker daemon answers ({c}: {line}); "
+                                 "start one with ci/services.sh")
+            tried.append(f"{c}: {line}")
+            continue
+        server = v.stdout.strip()
+        if _q([c, "buildx", "version"]).returncode == 0:
+            return Engine(client=c, mode="buildx", server_version=server)
+        env = {**os.environ, "DOCKER_BUILDKIT": "1"}
+        h = _q([c, "build", "--help"], env=env)
+        if h.returncode == 0 and "--secret" in h.stdout:
+            return Engine(client=c, mode="buildkit", server_version=server)
+        tried.append(f"{c}: no buildx and its `docker build` is not BuildKit")
+    raise InfraError("no-buildkit", "no docker client can build with BuildKit (" + "; ".join(tried) +
+                     "); install docker-buildx or Debian's docker.io")
+
+
+@dataclass
+class BuildResult:
+    ok: bool
+    rc: int
+    seconds: float
+    image_id: str | None = None
+    timed_out: bool = False
+    interrupted: bool = False
+    tail: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Engine:
+    client: str
+    mode: str  # "buildx" | "buildkit"
+    server_version: str = ""
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _env(self) -> dict:
+        env = dict(os.environ)
+        if self.mode == "buildkit":
+            env["DOCKER_BUILDKIT"] = "1"
+        return env
+
+    def cmd(self, *args: str, timeout: float = 600, input: str | None = None,
+            check: bool = True) -> subprocess.CompletedProcess:
+        p = subprocess.run([self.client, *args], capture_output=True, text=True, env=self._env(),
+                           timeout=timeout, input=input)
+        if check and p.returncode != 0:
+            raise self._error(args, p)
+        return p
+
+    def _error(self, args, p) -> InfraError:
+        err = (p.stderr or p.stdout or "").strip().splitlines()
+        line = err[-1] if err else f"exit {p.returncode}"
+        return InfraError("daemon-error", f"docker {' '.join(args[:2])}: {line}")
+
+    def describe(self) -> str:
+        how = "docker buildx build" if self.mode == "buildx" else "DOCKER_BUILDKIT=1 docker build"
+        return f"{how} via {self.client} (engine {self.server_version})"
+
+    # -- build ------------------------------------------------------------------------------
+    def build_argv(self, context: str | os.PathLike, *, dockerfile: str | os.PathLike | None = None,
+                   tags: list[str] = (), labels: dict[str, str] | None = None,
+                   secrets: dict[str, str] | None = None, build_args: dict[str, str] | None = None,
+                   iidfile: str | None = None, no_cache: bool = False) -> list[str]:
+        argv = [self.client, *(["buildx", "build", "--load"] if self.mode == "buildx" else ["build"])]
+        argv += ["--network", "host", "--progress", "plain"]
+        if dockerfile:
+            argv += ["-f", str(dockerfile)]
+        for t in tags:
+            argv += ["-t", t]
+        for k, v in sorted((labels or {}).items()):
+            argv += ["--label", f"{k}={v}"]
+        for sid, src in sorted((secrets or {}).items()):
+            argv += ["--secret", f"id={sid},src={src}"]
+        for k, v in sorted((build_args or {}).items()):
+            argv += ["--build-arg", f"{k}={v}"]
+        if iidfile:
+            argv += ["--iidfile", iidfile]
+        if no_cache:
+            argv.append("--no-cache")
+        argv.append(str(context))
+        return argv
+
+    def build(self, context: str | os.PathLike, *, log_path: str | os.PathLike,
+              timeout: float | None = None, on_line: Callable[[str], None] | None = None,
+              stop: threading.Event | None = None, **kw) -> BuildResult:
+        """Run one build, streaming its output to log_path. Never raises for a failed build:
+        the caller classifies the result from rc and tail."""
+        with tempfile.TemporaryDirectory(prefix="envbuild-iid-") as td:
+            iid = os.path.join(td, "iid")
+            argv = self.build_argv(context, iidfile=iid, **kw)
+            res = run_logged(argv, log_path, env=self._env(), timeout=timeout, on_line=on_line, stop=stop)
+            image_id = None
+            if res.rc == 0 and os.path.exists(iid):
+                image_id = Path(iid).read_text().strip() or None
+        res.image_id = image_id
+        res.ok = res.rc == 0 and not res.timed_out
+        return res
+
+    # -- images -----------------------------------------------------------------------------
+    def inspect(self, ref: str) -> dict | None:
+        p = self.cmd("image", "inspect", ref, check=False)
+        if p.returncode != 0:
+            if DAEMON_DOWN.search(p.stderr):
+                raise self._error(("image", "inspect"), p)
+            return None
+        data = json.loads(p.stdout)
+        return data[0] if data else None
+
+    def image_exists(self, ref: str) -> bool:
+        return self.inspect(ref) is not None
+
+    def image_size(self, ref: str) -> int | None:
+        d = self.inspect(ref)
+        return int(d["Size"]) if d else None
+
+    def image_id(self, ref: str) -> str | None:
+        d = self.inspect(ref)
+        return d["Id"] if d else None
+
+    def layers(self, ref: str) -> list[str]:
+        d = self.inspect(ref)
+        return list((d or {}).get("RootFS", {}).get("Layers", []))
+
+    def labels(self, ref: str) -> dict:
+        d = self.inspect(ref)
+        return dict(((d or {}).get("Config") or {}).get("Labels") or {})
+
+    def tag(self, src: str, dst: str) -> None:
+        self.cmd("tag", src, dst)
+
+    def remove(self, *refs: str, force: bool = False) -> None:
+        if refs:
+            self.cmd("image", "rm", *(["-f"] if force else []), *refs, check=False)
+
+    def history(self, ref: str) -> str:
+        return self.cmd("history", "--no-trunc", ref).stdout
+
+    def save(self, ref: str, path: str | os.PathLike, timeout: float = 1800) -> None:
+        self.cmd("save", "-o", str(path), ref, timeout=timeout)
+
+    def import_tar(self, stream, ref: str, changes: list[str] = ()) -> str:
+        argv = [self.client, "import"]
+        for c in changes:
+            argv += ["--change", c]
+        argv += ["-", ref]
+        p = subprocess.run(argv, stdin=stream, capture_output=True, text=True, env=self._env())
+        if p.returncode != 0:
+            raise self._error(("import",), p)
+        return p.stdout.strip()
+
+    def pull(self, ref: str, timeout: float = 1800) -> None:
+        self.cmd("pull", "-q", ref, timeout=timeout)
+
+    def push(self, ref: str, timeout: float = 3600) -> str:
+        """Push a tag; return the pushed digest as `repo@sha256:...`."""
+        p = self.cmd("push", ref, timeout=timeout)
+        m = re.search(r"digest:\s*(sha256:[0-9a-f]{64})", p.stdout)
+        if not m:
+            raise InfraError("daemon-error", f"docker push {ref}: no digest in its output")
+        return f"{split_ref(ref)[0]}@{m.group(1)}"
+
+    def registry_has(self, ref: str) -> bool:
+        return registry_digest(ref) is not None
+
+    def remote_digest(self, ref: str) -> str:
+        dig = registry_digest(ref)
+        if not dig:
+            raise InfraError("daemon-error", f"{ref}: not in its registry")
+        return f"{split_ref(ref)[0]}@{dig}"
+
+    def repo_digests(self, ref: str) -> list[str]:
+        return list((self.inspect(ref) or {}).get("RepoDigests") or [])
+
+
+# --- references and registries ----------------------------------------------------------------
+
+def split_ref(ref: str) -> tuple[str, str]:
+    """'host:5000/a/b:tag' -> ('host:5000/a/b', 'tag'); a digest ref keeps '@sha256:..'."""
+    if "@" in ref:
+        repo, dig = ref.split("@", 1)
+        return repo, "@" + dig
+    slash = ref.rfind("/")
+    colon = ref.rfind(":")
+    if colon > slash:
+        return ref[:colon], ref[colon + 1:]
+    return ref, "latest"
+
+
+def registry_host(repo: str) -> str | None:
+    first = repo.split("/", 1)[0]
+    if "/" in repo and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return None
+
+
+def _is_loopback(host: str) -> bool:
+    h = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    return h in ("localhost", "127.0.0.1", "[::1]") or h.startswith("127.")
+
+
+MANIFEST_TYPES = ", ".join([
+    "application/vnd.docker.distribution.manifest.v2+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.oci.image.index.v1+json"])
+
+
+def registry_digest(ref: str, timeout: float = 10) -> str | None:
+    """The registry's digest for this tag, or None. Only the v2 API is asked (HEAD on the
+    manifest): no pull. Unknown (no registry in the ref, unreachable, auth) counts as absent,
+    so a build happens rather than a wrong skip."""
+    repo, tag = split_ref(ref)
+    host = registry_host(repo)
+    if not host:
+        return None
+    name = repo[len(host) + 1:]
+    scheme = "http" if _is_loopback(host) else "https"
+    url = f"{scheme}://{host}/v2/{name}/manifests/{tag.lstrip('@')}"
+    req = urllib.request.Request(url, method="HEAD", headers={"Accept": MANIFEST_TYPES})
+    try:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({})) if _is_loopback(host) \
+            else urllib.request.build_opener()
+        with opener.open(req, timeout=timeout) as r:
+            if r.status != 200:
+                return None
+            return r.headers.get("Docker-Content-Digest") or None
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+# --- running a logged, killable command ---------------------------------------------------------
+
+@contextlib.contextmanager
+def secret_files(values: dict[str, str]) -> Iterator[dict[str, str]]:
+    """Write secret strings (index URLs with credentials) to 0600 files in a private temp
+    folder for `--secret id=..,src=..`; removed afterwards."""
+    d = tempfile.mkdtemp(prefix="envbuild-secrets-")
+    os.chmod(d, 0o700)
+    try:
+        out = {}
+        for sid, val in values.items():
+            p = os.path.join(d, sid)
+            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(val)
+            out[sid] = p
+        yield out
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def run_logged(argv: list[str], log_path: str | os.PathLike, *, env: dict | None = None,
+               timeout: float | None = None, on_line: Callable[[str], None] | None = None,
+               stop: threading.Event | None = None) -> BuildResult:
+    """Run argv with stdout+stderr appended to log_path; keep the last lines; kill the whole
+    process group on timeout or when `stop` is set (Ctrl-C)."""
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    t0 = time.monotonic()
+    timed_out = interrupted = False
+    with open(log_path, "a", buffering=1) as log:
+        log.write(f"$ {' '.join(argv)}\n")
+        try:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    errors="replace", env=env, start_new_session=True)
+        except OSError as e:
+            log.write(f"cannot start: {e}\n")
+            return BuildResult(False, 127, 0.0, tail=[str(e)])
+
+        def reader():
+            for line in proc.stdout:
+                log.write(line)
+                tail.append(line.rstrip("\n"))
+                if on_line:
+                    try:
+                        on_line(line)
+                    except Exception:
+                        pass
+
+        th = threading.Thread(target=reader, daemon=True)
+        th.start()
+        while proc.poll() is None:
+            if timeout is not None and time.monotonic() - t0 > timeout:
+                timed_out = True
+            elif stop is not None and stop.is_set():
+                interrupted = True
+            if timed_out or interrupted:
+                _kill(proc)
+                break
+            time.sleep(0.2)
+        proc.wait()
+        th.join(timeout=10)
+        secs = time.monotonic() - t0
+        if timed_out:
+            log.write(f"\nenvbuild: timed out after {timeout:.0f}s, killed\n")
+        elif interrupted:
+            log.write("\nenvbuild: interrupted, killed\n")
+        log.write(f"envbuild: exit {proc.returncode} after {secs:.1f}s\n")
+    return BuildResult(proc.returncode == 0 and not timed_out and not interrupted, proc.returncode, secs,
+                       timed_out=timed_out, interrupted=interrupted, tail=list(tail))
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    # The docker client closing its session makes BuildKit cancel the solve.
+    for sig, wait in ((signal.SIGINT, 5), (signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
