@@ -1,0 +1,169 @@
+"""Folding records into rows: what counts as verified, and what never may."""
+
+from table_fixtures import combo, image, passed, rec, verdict
+
+from envbuild.table import fold, fold_combo, render_markdown, build_table, image_statement
+
+C = combo()
+
+
+def test_pass_is_verified_with_best_level_and_digest():
+    img = image(C)
+    row = fold_combo([rec(C, passed("env", "contract"), img=img, run=1)])
+    assert row["status"] == "verified"
+    assert row["best_level"] == "contract"
+    assert row["image"]["pinned"] == img["digest"]
+    assert row["image"]["digest"] == "sha256:" + img["digest"].split("sha256:")[1]
+    assert row["levels"]["gpu"]["status"] == "not-run"
+    assert row["failure"] is None
+
+
+def test_infrastructure_error_after_pass_keeps_the_pass():
+    img = image(C)
+    rows = [rec(C, passed("env", "contract"), img=img, run=1),
+            rec(C, {"env": verdict("error", "daemon-error"), "contract": verdict("error", "daemon-error")},
+                img=img, status="error", cause="daemon-error", run=2)]
+    row = fold_combo(rows)
+    assert row["status"] == "verified" and row["best_level"] == "contract"
+    assert row["levels"]["contract"]["run_id"].startswith("20261201T000001")
+    assert [h["status"] for h in row["history"]] == ["error", "ok"]  # kept, newest first
+
+
+def test_needs_gpu_after_pass_keeps_the_pass_and_alone_is_no_verdict():
+    img = image(C)
+    row = fold_combo([rec(C, passed("env", "contract"), img=img, run=1),
+                      rec(C, {"contract": verdict("needs-gpu", "no-driver")}, img=img, run=2)])
+    assert row["levels"]["contract"]["status"] == "pass"
+    only = fold_combo([rec(C, {"env": verdict("pass"), "contract": verdict("needs-gpu", "no-driver")}, img=img, run=1)])
+    assert only["levels"]["contract"]["status"] == "needs-gpu"
+    assert only["best_level"] == "env" and only["status"] == "verified"  # env only: pick's default refuses it
+
+
+def test_fail_after_pass_breaks_the_row():
+    img = image(C)
+    row = fold_combo([rec(C, passed("env", "contract"), img=img, run=1),
+                      rec(C, {"env": verdict("pass"), "contract": verdict("fail", "import-error", "No module named x")},
+                          img=img, status="fail", run=2)])
+    assert row["status"] == "broken"
+    assert row["failure"] == {"level": "contract", "cause": "import-error",
+                              "detail": "import verl.workers.rollout: No module named x"}
+
+
+def test_pass_after_fail_is_verified_again():
+    img = image(C)
+    row = fold_combo([rec(C, {"env": verdict("fail", "cuda-mismatch")}, img=img, status="fail", run=1),
+                      rec(C, passed("env", "contract"), img=img, run=2)])
+    assert row["status"] == "verified"
+
+
+def test_only_only_error_records_are_untested_never_broken():
+    row = fold_combo([rec(C, stage="lock", status="error", cause="index-unreachable", run=1),
+                      rec(C, {"env": verdict("error", "probe-crashed")}, img=image(C), status="error", run=2)])
+    assert row["status"] == "untested"
+    assert row["best_level"] is None and row["failure"] is None
+
+
+def test_unknown_or_malformed_verdict_counts_as_error_not_pass():
+    row = fold_combo([rec(C, {"env": {"status": "PASSED"}, "contract": "garbage", "weird": verdict("pass")},
+                          img=image(C), run=1)])
+    assert row["levels"]["env"]["status"] == "error"
+    assert row["levels"]["contract"]["status"] == "error"
+    assert "weird" not in row["levels"] and row["status"] == "untested"
+
+
+def test_a_failed_higher_level_makes_the_row_broken_even_if_lower_levels_pass():
+    row = fold_combo([rec(C, {**passed("env", "contract"), "gpu": verdict("fail", "logprob-mismatch")},
+                          img=image(C), status="fail", run=1)])
+    assert row["status"] == "broken" and row["best_level"] == "contract"
+    assert row["failure"]["level"] == "gpu"
+
+
+def test_timeout_is_not_a_pass():
+    row = fold_combo([rec(C, {**passed("env", "contract"), "gpu": verdict("timeout", "timeout")},
+                          img=image(C), run=1)])
+    assert row["status"] == "broken" and row["failure"]["cause"] == "timeout"
+
+
+def test_level_order_is_strict_no_skipping_env():
+    row = fold_combo([rec(C, {"contract": verdict("pass"), "gpu": verdict("pass")}, img=image(C), run=1)])
+    assert row["best_level"] is None and row["status"] == "untested"
+
+
+def test_image_without_digest_is_never_verified():
+    row = fold_combo([rec(C, passed("env", "contract", "gpu"), img=image(C, pushed=False), run=1)])
+    assert row["status"] == "unpinned" and row["image"]["pinned"] is None
+    assert image_statement(row) is None
+
+
+def test_built_but_never_probed_is_untested():
+    row = fold_combo([rec(C, None, img=image(C), stage="build", run=1)])
+    assert row["status"] == "untested" and row["build"]["status"] == "pass"
+
+
+def test_rebuild_whose_probe_errored_leaves_the_probed_image():
+    old, new = image(C, 1), image(C, 2)
+    row = fold_combo([rec(C, passed("env", "contract"), img=old, run=1),
+                      rec(C, {"env": verdict("error", "daemon-error")}, img=new, status="error", run=2)])
+    assert row["image"]["pinned"] == old["digest"] and row["status"] == "verified"
+    assert row["history"][0]["image"] == new["digest"]
+
+
+def test_rebuild_that_fails_replaces_the_verified_image():
+    old, new = image(C, 1), image(C, 2)
+    row = fold_combo([rec(C, passed("env", "contract"), img=old, run=1),
+                      rec(C, {"env": verdict("pass"), "contract": verdict("fail", "undefined-symbol")},
+                          img=new, status="fail", run=2)])
+    assert row["image"]["pinned"] == new["digest"] and row["status"] == "broken"
+
+
+def test_a_pass_on_one_image_never_verifies_another():
+    old, new = image(C, 1), image(C, 2)
+    row = fold_combo([rec(C, passed("env", "contract", "gpu"), img=old, run=1),
+                      rec(C, {"env": verdict("pass")}, img=new, run=2)])
+    assert row["image"]["pinned"] == new["digest"]
+    assert row["best_level"] == "env"  # the new image has only env; old passes do not carry over
+    assert row["levels"]["gpu"]["status"] == "not-run"
+
+
+def test_build_failure_without_image_is_broken_with_cause():
+    row = fold_combo([rec(C, stage="lock", status="fail", cause="unsatisfiable", detail="no solution", run=1)])
+    assert row["status"] == "broken" and row["image"] is None
+    assert row["failure"] == {"level": "build", "cause": "unsatisfiable", "detail": "no solution"}
+
+
+def test_later_build_failure_keeps_the_working_image_but_says_so():
+    img = image(C)
+    row = fold_combo([rec(C, passed("env", "contract"), img=img, run=1),
+                      rec(C, stage="build", status="fail", cause="missing-wheel", run=2)])
+    assert row["status"] == "verified" and row["image"]["pinned"] == img["digest"]
+    assert row["build"]["status"] == "fail"
+    assert "rebuild fails: missing-wheel" in render_markdown(build_table([row]))
+
+
+def test_record_order_on_disk_does_not_matter():
+    img = image(C)
+    a = rec(C, passed("env", "contract"), img=img, run=1)
+    b = rec(C, {"env": verdict("pass"), "contract": verdict("fail", "import-error")}, img=img, run=2)
+    assert fold_combo([b, a])["status"] == fold_combo([a, b])["status"] == "broken"
+
+
+def test_fold_groups_by_combination_and_sorts():
+    c2 = combo(verl="0.5.0")
+    rows = fold([rec(c2, passed("env"), img=image(c2), run=1), rec(C, passed("env"), img=image(C), run=2)])
+    assert [r["id"] for r in rows] == sorted([C["id"], c2["id"]])
+    assert rows[0]["combo"]["verl"] in ("0.4.1", "0.5.0") and "id" not in rows[0]["combo"]
+
+
+def test_statement_result_follows_levels():
+    img = image(C)
+    full = fold_combo([rec(C, passed("env", "contract", "gpu"), img=img, run=1)])
+    st = image_statement(full)
+    assert st["_type"] == "https://in-toto.io/Statement/v1"
+    assert st["predicateType"] == "https://in-toto.io/attestation/test-result/v0.1"
+    assert st["subject"] == [{"name": "127.0.0.1:5000/envbuild", "digest": {"sha256": img["digest"].split(":")[-1]}}]
+    assert st["predicate"]["result"] == "PASSED"
+    partial = fold_combo([rec(C, passed("env", "contract"), img=img, run=1)])
+    assert image_statement(partial)["predicate"]["result"] == "WARNED"
+    broken = fold_combo([rec(C, {"env": verdict("fail", "cuda-mismatch")}, img=img, run=1)])
+    s = image_statement(broken)["predicate"]
+    assert s["result"] == "FAILED" and s["failedTests"] == ["envbuild-probe/env"]

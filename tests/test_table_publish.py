@@ -1,0 +1,179 @@
+"""`envbuild publish` + `envbuild verify` + load_table on files and a loopback HTTP server."""
+
+import base64
+import functools
+import http.server
+import json
+import threading
+
+import pytest
+from table_fixtures import combo, image, passed, rec, verdict, write_all
+
+from envbuild.errors import InfraError, InputError
+from envbuild.sign import VerifyError, load_public_key, write_keypair
+from envbuild.table import publish
+from envbuild.verify import load_table, load_verified, verify_attestations
+
+
+@pytest.fixture
+def published(tmp_path, monkeypatch):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1780000000")
+    monkeypatch.delenv("ENVBUILD_PUBKEY", raising=False)
+    res, out = tmp_path / "results", tmp_path / "table"
+    a, b, c = combo(), combo(verl="0.5.0"), combo(engine="sglang", ev="0.4.6")
+    write_all(res, [
+        rec(a, passed("env", "contract"), img=image(a), run=1),
+        rec(b, {"env": verdict("pass"), "contract": verdict("fail", "import-error", "No module named 'vllm.worker'")},
+            img=image(b), status="fail", run=2),
+        rec(c, stage="lock", status="fail", cause="unsatisfiable", run=3),
+    ])
+    priv, pub, _ = write_keypair(tmp_path / "keys")
+    table = publish(res, priv, out)
+    return {"res": res, "out": out, "priv": priv, "pub": pub, "table": table, "tmp": tmp_path}
+
+
+def test_publish_writes_all_views_and_verify_accepts(published, run_cli):
+    out = published["out"]
+    for name in ("compat.json", "compat.json.dsse", "compat.md", "index.html", "pubkey.json"):
+        assert (out / name).is_file(), name
+    t = json.loads((out / "compat.json").read_text())
+    assert t["schema"] == 1 and t["generated"] == "2026-05-28T20:26:40Z"
+    assert {r["status"] for r in t["rows"]} == {"verified", "broken"}
+    for r in t["rows"]:
+        assert set(r) >= {"id", "combo", "image", "levels", "best_level", "history"}
+        assert set(r["levels"]) == {"env", "contract", "gpu"}
+        assert set(r["levels"]["env"]) >= {"status", "cause", "run_id", "created"}
+    env = json.loads((out / "compat.json.dsse").read_text())
+    assert base64.b64decode(env["payload"]) == (out / "compat.json").read_bytes()
+    # Only rows with a digest get an attestation: 2 images, the lock failure has none.
+    assert len(list((out / "attestations").glob("*.dsse.json"))) == 2
+    p = run_cli("verify", out / "compat.json", "--pubkey", published["pub"], "--attestations")
+    assert p.returncode == 0, p.stderr
+    assert "OK" in p.stdout and "2 image attestations" in p.stdout
+    assert load_table(out, published["pub"]) == t
+
+
+def test_publish_is_reproducible_with_source_date_epoch(published):
+    first = (published["out"] / "compat.json.dsse").read_bytes()
+    publish(published["res"], published["priv"], published["out"])
+    assert (published["out"] / "compat.json.dsse").read_bytes() == first  # Ed25519 is deterministic
+
+
+@pytest.mark.parametrize("target", ["compat.json", "compat.json.dsse"])
+def test_one_byte_change_is_rejected(published, run_cli, target):
+    path = published["out"] / target
+    data = bytearray(path.read_bytes())
+    # Change one byte inside the content (not whitespace-only JSON structure): a digit or letter.
+    i = next(i for i in range(len(data) // 2, len(data)) if chr(data[i]).isalnum())
+    data[i] = ord("0") if data[i] != ord("0") else ord("1")
+    path.write_bytes(bytes(data))
+    p = run_cli("verify", published["out"], "--pubkey", published["pub"])
+    assert p.returncode == 1, (p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr and p.stderr.strip().count("\n") == 0
+    with pytest.raises(VerifyError):
+        load_table(published["out"], published["pub"])
+
+
+def test_many_single_byte_edits_of_the_table_are_all_rejected(published):
+    path = published["out"] / "compat.json"
+    orig = path.read_bytes()
+    for i in range(0, len(orig), max(1, len(orig) // 60)):
+        data = bytearray(orig)
+        data[i] = (data[i] + 1) % 256
+        path.write_bytes(bytes(data))
+        with pytest.raises(VerifyError):
+            load_table(published["out"], published["pub"])
+    path.write_bytes(orig)
+    load_table(published["out"], published["pub"])
+
+
+def test_unsigned_and_wrong_key_are_rejected(published, run_cli, tmp_path):
+    _, other_pub, _ = write_keypair(tmp_path / "other")
+    p = run_cli("verify", published["out"], "--pubkey", other_pub)
+    assert p.returncode == 1 and "not signed by key" in p.stderr
+    (published["out"] / "compat.json.dsse").unlink()
+    p = run_cli("verify", published["out"] / "compat.json", "--pubkey", published["pub"])
+    assert p.returncode == 1 and "unsigned" in p.stderr
+
+
+def test_swapped_pubkey_next_to_table_is_rejected(published, tmp_path):
+    # An attacker who edits the table and re-signs with their key but cannot replace a pinned key.
+    _, other_pub, _ = write_keypair(tmp_path / "other")
+    (published["out"] / "pubkey.json").write_text(other_pub.read_text())
+    with pytest.raises(VerifyError):
+        load_table(published["out"])  # checked against the (swapped) key next to it: mismatch
+    load_table(published["out"], published["pub"])  # the pinned key still verifies
+
+
+def test_default_key_is_the_one_published_next_to_the_table(published, capsys):
+    t, info = load_verified(published["out"])
+    assert info["keyid"] == load_public_key(published["pub"]).keyid
+    assert "pass --pubkey to pin" in capsys.readouterr().err
+
+
+def test_tampered_attestation_is_rejected(published):
+    att = next((published["out"] / "attestations").glob("*.dsse.json"))
+    env = json.loads(att.read_text())
+    stmt = json.loads(base64.b64decode(env["payload"]))
+    stmt["subject"][0]["digest"]["sha256"] = "0" * 64
+    env["payload"] = base64.b64encode(json.dumps(stmt).encode()).decode()
+    att.write_text(json.dumps(env))
+    with pytest.raises(VerifyError):
+        verify_attestations(str(published["out"]), published["table"], published["pub"])
+
+
+def test_bad_key_writes_nothing(tmp_path):
+    res = tmp_path / "results"
+    write_all(res, [rec(combo(), passed("env"), img=image(combo()), run=1)])
+    (tmp_path / "bad.key").write_text("not a key")
+    with pytest.raises(InputError):
+        publish(res, tmp_path / "bad.key", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(InputError, match="no such directory"):
+        publish(tmp_path / "nope", tmp_path / "bad.key", tmp_path / "out")
+
+
+def test_publish_cli_missing_key_is_one_line(tmp_path, run_cli):
+    (tmp_path / "results" / "records").mkdir(parents=True)
+    p = run_cli("publish", "--results", tmp_path / "results", "--key", tmp_path / "none.key",
+                "--out", tmp_path / "out")
+    assert p.returncode == 2 and "envbuild keygen" in p.stderr and "Traceback" not in p.stderr
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def served(published):
+    handler = functools.partial(_Quiet, directory=str(published["out"].parent))
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/table/"
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_load_table_over_http_needs_a_pinned_key(published, served):
+    t = load_table(served, published["pub"])
+    assert t == published["table"]
+    assert load_table(served + "compat.json", published["pub"]) == t
+    assert load_table(served + "compat.json.dsse", published["pub"]) == t
+    with pytest.raises(VerifyError, match="pinned key"):
+        load_table(served)
+    assert load_table(served, insecure=True)["rows"] == t["rows"]
+
+
+def test_load_table_over_http_rejects_tampering(published, served):
+    path = published["out"] / "compat.json"
+    path.write_bytes(path.read_bytes().replace(b'"broken"', b'"verified"', 1))
+    with pytest.raises(VerifyError):
+        load_table(served, published["pub"])
+
+
+def test_unreachable_url_is_infrastructure():
+    with pytest.raises(InfraError):
+        load_table("http://127.0.0.1:9/table/", {"keytype": "ed25519", "scheme": "ed25519",
+                                                   "keyval": {"public": "00" * 32}})
