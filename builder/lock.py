@@ -203,7 +203,8 @@ class Locker:
                 res.cached = all_cached
                 return res
             full = parse_lock(text)
-            header = (f"# envbuild {name} layer of {c.id}: pins that differ from the layer below\n"
+            # The header names only the layer's own inputs, so combinations share its bytes.
+            header = (f"# envbuild {name} layer for {' '.join(reqs)}: pins that differ from the layer below\n"
                       f"# resolved as of {when} (uv --exclude-newer) for Python {c.python}, {platform_tag(c.glibc)}")
             body = layer_text(full, below, header)
             res.layers.append(LayerLock(name, "", _sha(body), {k: full[k][0] for k in full

@@ -99,11 +99,11 @@ def fake_lock(status="ok"):
     return fn
 
 
-def fake_render(c, lr, base_ref, out_dir):
-    out_dir = Path(out_dir)
+def fake_render(c, lr, base, out_dir):
+    out_dir = Path(out_dir) / c.id
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "Dockerfile").write_text(f"FROM {base_ref}\n")
-    h = hashlib.sha256(f"{c.id} {base_ref}".encode()).hexdigest()
+    (out_dir / "Dockerfile").write_text(f"FROM {base.ref}\n")
+    h = hashlib.sha256(f"{c.id} {base.ref}".encode()).hexdigest()
     return SimpleNamespace(context_dir=out_dir, dockerfile=out_dir / "Dockerfile", content_hash=h, secrets=[])
 
 
@@ -211,7 +211,7 @@ def test_existing_content_tag_is_not_rebuilt_locally_or_in_registry(tmp_path):
 
     eng2 = FakeEngine()  # a fresh machine whose registry already has it
     b2 = make_builder(tmp_path / "two", eng2, registry=True, push=True)
-    content = f"{b2.o.repo}:{combo().tag}-{fake_render(combo(), None, 'envbuild/base:bookworm-py3-abc', tmp_path / 'x').content_hash[:12]}"
+    content = f"{b2.o.repo}:{combo().tag}-{fake_render(combo(), None, BaseRef('bootstrap', 'envbuild/base:bookworm-py3-abc'), tmp_path / 'x').content_hash[:12]}"
     eng2.remote[content] = "sha256:" + "d" * 64
     (r2,), _ = B.run_all(b2, [combo()], 1)
     assert eng2.builds == [] and eng2.pushed == []

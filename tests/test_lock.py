@@ -1,0 +1,107 @@
+"""Layered locks. Offline tests use recorded data; `network` tests resolve for real with uv."""
+
+import json
+
+import pytest
+
+from envbuild.index import Metadata
+from envbuild.lock import Locker, era, layer_text, parse_lock
+from envbuild.matrix import Selectors, load_matrix, plan
+from envbuild.paths import default_matrix
+
+UV_OUT = """\
+filelock==3.17.0 \\
+    --hash=sha256:aaa \\
+    --hash=sha256:bbb
+    # via torch
+torch==2.6.0 \\
+    --hash=sha256:ccc
+    # via -r requirements.in
+typing-extensions==4.12.2 \\
+    --hash=sha256:ddd
+"""
+
+
+def test_parse_and_layer_diff():
+    full = parse_lock(UV_OUT)
+    assert {k: v[0] for k, v in full.items()} == {"filelock": "3.17.0", "torch": "2.6.0",
+                                                   "typing-extensions": "4.12.2"}
+    below = parse_lock(UV_OUT.replace("4.12.2", "4.10.0").replace("filelock==3.17.0", "filelock==3.17.0"))
+    text = layer_text(full, below, "# header")
+    assert text.startswith("# header\n")
+    assert "typing-extensions==4.12.2" in text and "--hash=sha256:ddd" in text
+    assert "torch==" not in text and "filelock" not in text  # same pin below: not reinstalled
+
+
+def test_era_is_newest_release_plus_grace():
+    assert era(["2025-04-15T00:30:02Z", "2025-06-27T00:11:49Z"], 14) == "2025-07-11"
+    assert era(["2025-01-29T00:00:00Z"], 0) == "2025-01-29"
+
+
+def combo(**sel):
+    return plan(load_matrix(default_matrix()), Selectors(**sel), meta=Metadata(online=False)).combos[0]
+
+
+def test_non_default_variant_without_pytorch_index_is_infrastructure(monkeypatch, isolated_cache):
+    monkeypatch.delenv("ENVBUILD_PYTORCH_INDEX", raising=False)
+    r = Locker(load_matrix(default_matrix()), Metadata(online=False)).lock(combo(cuda="cu126", vllm="0.8.4", verl="0.4.1"))
+    assert r.status == "index-unreachable"
+    assert "PyTorch index" in r.detail and "cu124" in r.detail  # names what the default index serves
+
+
+@pytest.mark.network
+def test_lock_is_era_consistent_layered_and_cached(tmp_path, isolated_cache):
+    m = load_matrix(default_matrix())
+    locker = Locker(m, Metadata())
+    c = combo(cuda="cu124", vllm="0.8.4", verl="0.4.1")
+    r = locker.lock(c, tmp_path / "locks")
+    assert r.ok, r.detail
+    full = parse_lock(open(r.full_lock).read())
+    assert full["torch"][0] == "2.6.0" and full["vllm"][0] == "0.8.4" and full["verl"][0] == "0.4.1"
+    # resolved as of vLLM 0.8.4 / verl 0.4.1's era: a transformers 4.5x, not today's 5.x
+    assert full["transformers"][0].startswith("4.5"), full["transformers"]
+    names = [l.name for l in r.layers]
+    assert names == ["torch", "engine", "verl"]
+    # the union of the layers is the full lock, and each package lands in exactly one layer
+    union = {}
+    for l in r.layers:
+        union.update(l.packages)
+    assert union == {k: v[0] for k, v in full.items()}
+    assert "torch" in r.layers[0].packages and "vllm" in r.layers[1].packages and "verl" in r.layers[2].packages
+    # every pin carries hashes
+    assert all("--hash=sha256:" in block for _, block in full.values())
+    meta = json.loads((tmp_path / "locks" / c.id / "lock.json").read_text())
+    assert meta["status"] == "ok" and meta["lock_hash"] == r.lock_hash
+    # a second lock of the same plan does no resolution at all
+    again = Locker(m, Metadata())
+    r2 = again.lock(c)
+    assert again.uv_runs == 0 and r2.cached and r2.lock_hash == r.lock_hash
+    # a second verl on the same torch + engine shares the torch and engine layers byte for byte
+    c2 = combo(cuda="cu124", vllm="0.8.4", verl="0.5.0")
+    r3 = locker.lock(c2)
+    assert r3.ok, r3.detail
+    assert r3.layers[0].sha256 == r.layers[0].sha256
+    assert r3.layers[1].sha256 == r.layers[1].sha256
+    assert r3.layers[2].sha256 != r.layers[2].sha256
+
+
+@pytest.mark.network
+def test_unsatisfiable_names_the_torch_pin(isolated_cache, run_cli, tmp_path):
+    p = run_cli("lock", "--cuda", "cu126", "--vllm", "0.8.4", "--verl", "0.4.1", "--torch", "2.7.0",
+                "--out", tmp_path, "--json", env={"ENVBUILD_CACHE": str(isolated_cache)})
+    assert p.returncode == 1, p.stderr
+    row = json.loads(p.stdout.splitlines()[0])
+    assert row["status"] == "unsatisfiable"
+    assert "torch==2.6.0" in row["detail"] and "vllm==0.8.4" in row["detail"]
+
+
+@pytest.mark.network
+def test_unreachable_pytorch_index_is_never_a_verdict(isolated_cache, run_cli, tmp_path):
+    p = run_cli("lock", "--cuda", "cu126", "--vllm", "0.8.4", "--verl", "0.4.1", "--out", tmp_path, "--json",
+                env={"ENVBUILD_CACHE": str(isolated_cache), "ENVBUILD_PYTORCH_INDEX": "http://127.0.0.1:9/whl"})
+    assert p.returncode == 3, p.stdout + p.stderr
+    row = json.loads(p.stdout.splitlines()[0])
+    assert row["status"] == "index-unreachable" and "127.0.0.1:9" in row["detail"]
+    # an infrastructure failure is not cached: the next run asks again
+    assert not list((isolated_cache / "locks").glob("*.json")) or all(
+        json.loads(f.read_text())["status"] in ("ok", "unsatisfiable") for f in (isolated_cache / "locks").glob("*.json"))

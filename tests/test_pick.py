@@ -1,0 +1,139 @@
+"""`envbuild pick`: preference, strictness, explanations, and the signature gate."""
+
+import json
+
+import pytest
+from table_fixtures import combo, image, passed, rec, verdict, write_all
+
+from envbuild.pick import explain_empty, matches, norm_cuda, pick, version_matches
+from envbuild.sign import write_keypair
+from envbuild.table import build_table, fold, publish
+
+
+def table_of(records):
+    return build_table(fold(records))
+
+
+V84_041 = combo(verl="0.4.1", ev="0.8.4")
+V84_050 = combo(verl="0.5.0", ev="0.8.4")
+V84_060 = combo(verl="0.6.0", ev="0.8.4")
+V84_0100 = combo(verl="0.10.0", ev="0.8.4")
+
+
+def test_prefers_highest_level_then_newest_verl():
+    t = table_of([
+        rec(V84_041, passed("env", "contract", "gpu"), img=image(V84_041), run=1),
+        rec(V84_050, passed("env", "contract"), img=image(V84_050), run=2),
+        rec(V84_060, passed("env", "contract"), img=image(V84_060), run=3),
+    ])
+    row, _ = pick(t, {"vllm": "0.8.4"})
+    assert row["id"] == V84_041["id"]  # gpu beats newer verl at contract
+    row, _ = pick(t, {"vllm": "0.8.4", "verl": "0.5"})
+    assert row["id"] == V84_050["id"]
+
+
+def test_newest_verl_compares_versions_not_strings():
+    t = table_of([rec(c, passed("env", "contract"), img=image(c), run=i)
+                  for i, c in enumerate([V84_060, V84_0100, V84_050])])
+    assert pick(t, {"vllm": "0.8.4"})[0]["id"] == V84_0100["id"]
+
+
+def test_broken_row_is_never_picked_even_with_high_best_level():
+    t = table_of([rec(V84_060, {**passed("env", "contract"), "gpu": verdict("fail", "logprob-mismatch")},
+                      img=image(V84_060), status="fail", run=1),
+                  rec(V84_041, passed("env", "contract"), img=image(V84_041), run=2)])
+    assert pick(t, {"vllm": "0.8.4"})[0]["id"] == V84_041["id"]
+    row, rejected = pick(t, {"vllm": "0.8.4", "verl": "0.6.0"})
+    assert row is None and [r["id"] for r in rejected] == [V84_060["id"]]
+    lines = explain_empty(t, {"vllm": "0.8.4", "verl": "0.6.0"}, rejected, "contract")
+    assert "broken at gpu: logprob-mismatch" in "\n".join(lines)
+
+
+def test_default_level_contract_refuses_env_only_and_explains():
+    t = table_of([rec(V84_041, {"env": verdict("pass"), "contract": verdict("needs-gpu", "needs-gpu")},
+                      img=image(V84_041), run=1)])
+    row, rejected = pick(t, {"vllm": "0.8.4"})
+    assert row is None
+    text = "\n".join(explain_empty(t, {"vllm": "0.8.4"}, rejected, "contract"))
+    assert "verified only up to env" in text and "contract needs-gpu" in text
+    assert pick(t, {"vllm": "0.8.4"}, "env")[0]["id"] == V84_041["id"]
+
+
+def test_unpinned_and_untested_are_never_picked_and_errors_are_not_called_failures():
+    a, b = V84_041, V84_050
+    t = table_of([rec(a, passed("env", "contract", "gpu"), img=image(a, pushed=False), run=1),
+                  rec(b, stage="lock", status="error", cause="index-unreachable", run=2)])
+    row, rejected = pick(t, {"vllm": "0.8.4"}, "env")
+    assert row is None and len(rejected) == 2
+    text = "\n".join(explain_empty(t, {"vllm": "0.8.4"}, rejected, "env"))
+    assert "never pushed" in text
+    assert "build error (index-unreachable)" in text and "not verdicts" in text
+    assert "broken" not in text
+
+
+def test_no_match_lists_what_the_table_has():
+    t = table_of([rec(V84_041, passed("env", "contract"), img=image(V84_041), run=1)])
+    row, rejected = pick(t, {"vllm": "0.9"})
+    text = "\n".join(explain_empty(t, {"vllm": "0.9"}, rejected, "contract"))
+    assert row is None and "no combination in the table matches --vllm 0.9" in text and "0.8.4" in text
+
+
+def test_selectors():
+    assert norm_cuda("cu124") == norm_cuda("12.4") == norm_cuda("12.4.1") == "124"
+    assert version_matches("0.8", "0.8.4") and version_matches("0.8.4", "0.8.4")
+    assert not version_matches("0.8.4", "0.8.40") and not version_matches("0.8", "0.80.1")
+    row = {"combo": combo(engine="sglang", ev="0.4.6", cuda="12.6", torch="2.7.0")}
+    assert matches(row, {"sglang": "0.4", "cuda": "cu126", "torch": "2.7", "python": "3.11"})
+    assert not matches(row, {"vllm": "0.4.6"})
+    assert not matches(row, {"cuda": "cu124"})
+
+
+@pytest.fixture
+def signed(tmp_path, monkeypatch):
+    monkeypatch.delenv("ENVBUILD_PUBKEY", raising=False)
+    res = tmp_path / "results"
+    write_all(res, [rec(V84_041, passed("env", "contract"), img=image(V84_041), run=1),
+                    rec(V84_050, {"env": verdict("pass"), "contract": verdict("fail", "import-error", "x")},
+                        img=image(V84_050), status="fail", run=2)])
+    priv, pub, _ = write_keypair(tmp_path / "keys")
+    publish(res, priv, tmp_path / "table")
+    return tmp_path / "table", pub
+
+
+def test_cli_prints_digest_pinned_reference(signed, run_cli):
+    table, pub = signed
+    p = run_cli("pick", "--vllm", "0.8.4", "--table", table, "--pubkey", pub)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == image(V84_041)["digest"]
+
+
+def test_cli_json_has_reference_and_row(signed, run_cli):
+    table, pub = signed
+    p = run_cli("pick", "--vllm", "0.8.4", "--cuda", "cu124", "--table", table, "--pubkey", pub, "--json")
+    out = json.loads(p.stdout)
+    assert p.returncode == 0 and out["ref"] == image(V84_041)["digest"]
+    assert out["row"]["id"] == V84_041["id"] and out["verified"] is True and out["level"] == "contract"
+    p = run_cli("pick", "--verl", "0.5.0", "--table", table, "--pubkey", pub, "--json")
+    out = json.loads(p.stdout)
+    assert p.returncode == 1 and out["ref"] is None
+    assert out["rejected"][0]["why"].startswith("broken at contract: import-error")
+
+
+def test_cli_refuses_a_tampered_table_unless_insecure(signed, run_cli):
+    table, pub = signed
+    path = table / "compat.json"
+    t = json.loads(path.read_text())
+    for r in t["rows"]:  # the attack: mark the broken row as verified
+        r["status"], r["failure"] = "verified", None
+    path.write_text(json.dumps(t))
+    p = run_cli("pick", "--verl", "0.5.0", "--table", table, "--pubkey", pub)
+    assert p.returncode == 1 and p.stdout == "" and "tampered" in p.stderr
+    p = run_cli("pick", "--verl", "0.5.0", "--table", table, "--insecure")
+    assert p.returncode == 0 and "NOT checked" in p.stderr
+
+
+def test_cli_default_table_location(signed, run_cli):
+    table, _ = signed
+    p = run_cli("pick", "--vllm", "0.8.4", cwd=table.parent)
+    assert p.returncode == 0 and p.stdout.strip() == image(V84_041)["digest"]
+    assert "pass --pubkey to pin" in p.stderr
