@@ -221,6 +221,7 @@ class Metadata:
         self._cache = cache_dir() / "metadata"
         self._mem: dict[str, dict] = {}
         self._files: dict[str, list] = {}
+        self._answers: dict[tuple, object] = {}
         self.fetched: list[str] = []  # releases fetched from the index in this process
         try:
             self._snap = json.loads(self.snapshot_path.read_text())["releases"]
@@ -349,6 +350,12 @@ class Metadata:
         return ()
 
     def torch_pin(self, engine: str, version: str) -> str | None:
+        key = ("torch_pin", engine, version)
+        if key not in self._answers:  # planning asks this for every raw combination
+            self._answers[key] = self._torch_pin(engine, version)
+        return self._answers[key]
+
+    def _torch_pin(self, engine: str, version: str) -> str | None:
         for r in self.requires(engine, version, self.engine_extras(engine, version)):
             if _norm(r.name) == "torch":
                 pins = [s.version for s in r.specifier if s.operator == "=="]

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The test command (README): sets up everything on a fresh machine, then runs the whole suite.
+#   bash ci/test.sh [pytest args...]
+# 1. Debian packages the tests use (chromium for the page test, binutils for the probe's
+#    symbol check), 2. the Docker engine and a loopback registry (ci/services.sh),
+# 3. envbuild with its test extras, plus CPU torch/transformers for the probe's GPU-level
+#    logic on CPU, 4. pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v chromium >/dev/null || need+=(chromium)
+command -v nm >/dev/null || need+=(binutils)
+if [ "${#need[@]}" -gt 0 ]; then
+  echo "test.sh: installing ${need[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+bash ci/services.sh
+
+python3 -m pip install -q --disable-pip-version-check -e '.[test]' 2>&1 | grep -v "as the 'root' user" || true
+python3 -c "import torch, transformers" 2>/dev/null || \
+  python3 -m pip install -q --disable-pip-version-check torch transformers tokenizers safetensors 2>&1 \
+    | grep -v "as the 'root' user" || true
+
+set +e
+python3 -m pytest -q -ra "$@"
+rc=$?
+set -e
+[ "$rc" = 5 ] && { echo "test.sh: pytest collected no tests" >&2; exit 1; }
+exit "$rc"
