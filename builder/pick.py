@@ -102,12 +102,24 @@ def why_not(row: dict, min_level: str) -> str:
     return f"status {st!r}"
 
 
+def eligible(row: dict, need: int) -> bool:
+    """Re-derived from the levels, not only from status/best_level: an inconsistent row is refused."""
+    lv = row.get("levels") or {}
+    if row.get("status") != "verified" or not (row.get("image") or {}).get("pinned"):
+        return False
+    if LEVEL_RANK.get(row.get("best_level"), 0) < need:
+        return False
+    if any((lv.get(k) or {}).get("status") in ("fail", "timeout") for k in ("env", "contract", "gpu")):
+        return False
+    return all((lv.get(k) or {}).get("status") == "pass" for k in ("env", "contract", "gpu")
+               if LEVEL_RANK[k] <= LEVEL_RANK[row["best_level"]])
+
+
 def pick(table: dict, sel: dict, min_level: str = DEFAULT_LEVEL) -> tuple[dict | None, list[dict]]:
     """(best row or None, the matching rows that were not good enough)."""
     rows = [r for r in table["rows"] if matches(r, sel)]
     need = LEVEL_RANK[min_level]
-    good = [r for r in rows if r.get("status") == "verified" and (r.get("image") or {}).get("pinned")
-            and LEVEL_RANK.get(r.get("best_level"), 0) >= need]
+    good = [r for r in rows if eligible(r, need)]
     if good:
         return max(good, key=rank_key), []
     return None, rows

@@ -78,6 +78,15 @@ def test_no_match_lists_what_the_table_has():
     assert row is None and "no combination in the table matches --vllm 0.9" in text and "0.8.4" in text
 
 
+def test_inconsistent_row_is_refused():
+    t = table_of([rec(V84_041, passed("env", "contract"), img=image(V84_041), run=1)])
+    t["rows"][0]["best_level"] = "gpu"  # claims gpu, but the gpu level never ran
+    assert pick(t, {}, "gpu")[0] is None
+    t["rows"][0]["best_level"] = "contract"
+    t["rows"][0]["levels"]["gpu"]["status"] = "fail"
+    assert pick(t, {})[0] is None
+
+
 def test_selectors():
     assert norm_cuda("cu124") == norm_cuda("12.4") == norm_cuda("12.4.1") == "124"
     assert version_matches("0.8", "0.8.4") and version_matches("0.8.4", "0.8.4")
@@ -123,8 +132,10 @@ def test_cli_refuses_a_tampered_table_unless_insecure(signed, run_cli):
     table, pub = signed
     path = table / "compat.json"
     t = json.loads(path.read_text())
-    for r in t["rows"]:  # the attack: mark the broken row as verified
-        r["status"], r["failure"] = "verified", None
+    for r in t["rows"]:  # the attack: mark the broken row as verified at gpu
+        r["status"], r["failure"], r["best_level"] = "verified", None, "gpu"
+        for lv in r["levels"].values():
+            lv["status"] = "pass"
     path.write_text(json.dumps(t))
     p = run_cli("pick", "--verl", "0.5.0", "--table", table, "--pubkey", pub)
     assert p.returncode == 1 and p.stdout == "" and "tampered" in p.stderr

@@ -1,0 +1,222 @@
+"""index.html in a real headless Chromium (Debian's `chromium`): grid, filters, details, offline.
+
+The page keeps its filters and selection in the URL fragment, so a plain `--dump-dom` of
+`index.html#cuda=12.6` shows the DOM after the script applied that filter - no driver needed.
+"""
+
+import functools
+import http.server
+import os
+import re
+import shutil
+import struct
+import subprocess
+import tempfile
+import threading
+import zlib
+from html.parser import HTMLParser
+
+import pytest
+from table_fixtures import combo, image, passed, rec, verdict, write_all
+
+from envbuild.sign import write_keypair
+from envbuild.table import publish
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         # Any attempt to reach the network fails fast: no DNS, and a proxy that refuses.
+         "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
+         "--proxy-server=http://127.0.0.1:9"]
+
+if not CHROMIUM:
+    if os.environ.get("CI"):
+        raise RuntimeError("chromium is required in CI (apt-get install -y chromium)")
+    pytest.skip("chromium not installed (apt-get install -y chromium)", allow_module_level=True)
+
+A = combo(verl="0.4.1", ev="0.8.4")                        # verified: contract
+B = combo(verl="0.5.0", ev="0.8.4")                        # broken at contract
+C = combo(verl="0.5.0", ev="0.8.5", torch="2.7.0", cuda="12.6")  # verified: gpu
+D = combo(verl="0.4.1", engine="sglang", ev="0.4.6")       # broken at build
+E = combo(verl="0.5.0", ev="0.8.5")                        # untested (infra error)
+CAUSE = "No module named 'vllm.worker.worker_base'"
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("page")
+    res = tmp / "results"
+    write_all(res, [
+        rec(A, passed("env", "contract"), img=image(A), run=1),
+        rec(B, {"env": verdict("pass"), "contract": verdict("fail", "import-error", CAUSE)}, img=image(B),
+            status="fail", run=2),
+        rec(C, passed("env", "contract", "gpu"), img=image(C), run=3, machine={"gpu": "NVIDIA H200"}),
+        rec(D, stage="lock", status="fail", cause="unsatisfiable", detail="no solution", run=4),
+        rec(E, stage="lock", status="error", cause="index-unreachable", run=5),
+    ])
+    priv, _, _ = write_keypair(tmp / "keys")
+    publish(res, priv, tmp / "table")
+    return tmp / "table"
+
+
+def chromium(url: str, *extra: str, timeout: int = 90) -> str:
+    with tempfile.TemporaryDirectory() as profile:
+        p = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *extra, url],
+                           capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return p.stdout
+
+
+class DomSummary(HTMLParser):
+    """Collects the grid cells, row headers, filter options and the details text."""
+
+    def __init__(self):
+        super().__init__()
+        self.cells, self.rowheads, self.options, self.details = [], [], {}, []
+        self._stack, self._select, self.body = [], None, {}
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "body":
+            self.body = a
+        if tag == "td" and "cell" in a.get("class", ""):
+            self.cells.append(a)
+        if tag == "th" and "rowhead" in a.get("class", ""):
+            self._stack.append("rowhead")
+        if tag == "select":
+            self._select = a.get("id")
+            self.options[self._select] = []
+        if tag == "option" and self._select:
+            self.options[self._select].append((a.get("value"), "selected" in a))
+        if a.get("id") == "details":
+            self._stack.append("details")
+
+    def handle_endtag(self, tag):
+        if tag == "select":
+            self._select = None
+        if tag == "th" and self._stack and self._stack[-1] == "rowhead":
+            self._stack.pop()
+
+    def handle_data(self, data):
+        if "rowhead" in self._stack:
+            self.rowheads.append(data.strip())
+        elif "details" in self._stack:
+            self.details.append(data)
+
+
+def dom(url: str) -> DomSummary:
+    s = DomSummary()
+    s.feed(chromium(url, "--dump-dom"))
+    assert s.body.get("data-ready") == "1", "the page script did not finish"
+    return s
+
+
+def test_grid_renders_every_combination_with_status_and_cause(site):
+    s = dom((site / "index.html").as_uri())
+    filled = [c for c in s.cells if c["data-status"] != "none"]
+    ids = " ".join(c["data-ids"] for c in filled).split()
+    assert sorted(ids) == sorted([A["id"], B["id"], C["id"], D["id"], E["id"]])
+    assert set(s.rowheads) == {"vllm 0.8.4", "vllm 0.8.5", "sglang 0.4.6"}
+    by_ids = {c["data-ids"]: c for c in filled}
+    assert by_ids[A["id"]]["data-status"] == "verified" and by_ids[A["id"]]["data-level"] == "contract"
+    assert "s-contract" in by_ids[A["id"]]["class"]
+    assert by_ids[B["id"]]["data-status"] == "broken" and CAUSE not in by_ids[B["id"]]["title"]
+    assert "failed at contract: import-error" in by_ids[B["id"]]["title"]
+    assert "failed at build: unsatisfiable" in by_ids[D["id"]]["title"]
+    # vllm 0.8.5 x verl 0.5.0 has two variants (cu126 gpu-verified, cu124 untested): best shown first.
+    both = next(c for c in filled if C["id"] in c["data-ids"])
+    assert both["data-ids"].split() == [C["id"], E["id"]] and both["data-level"] == "gpu"
+    assert "index-unreachable" not in both["data-status"]
+    assert [v for v, _ in s.options["f-cuda"]] == ["", "12.6", "12.4"]
+    assert [v for v, _ in s.options["f-engine"]] == ["", "sglang", "vllm"]
+
+
+def test_filters_cuda_and_engine(site):
+    s = dom((site / "index.html").as_uri() + "#cuda=12.6")
+    filled = [c for c in s.cells if c["data-status"] != "none"]
+    assert [c["data-ids"] for c in filled] == [C["id"]]
+    assert ("12.6", True) in s.options["f-cuda"]
+    s = dom((site / "index.html").as_uri() + "#engine=sglang")
+    assert s.rowheads == ["sglang 0.4.6"]
+    assert [c["data-status"] for c in s.cells if c["data-status"] != "none"] == ["broken"]
+    s = dom((site / "index.html").as_uri() + "#engine=vllm&cuda=12.4&torch=2.6.0")
+    assert set(s.rowheads) == {"vllm 0.8.4", "vllm 0.8.5"}
+    assert {c["data-status"] for c in s.cells} == {"verified", "broken", "untested", "none"}
+
+
+def test_click_target_shows_details_with_the_failure(site):
+    s = dom((site / "index.html").as_uri() + f"#sel={B['id']}")
+    text = " ".join(s.details)
+    assert B["id"] in text and "contract: fail (import-error)" in text and CAUSE in text
+
+
+def _png_pixels(path):
+    """Minimal PNG decoder (8-bit RGB/RGBA, not interlaced) -> set of RGB colours."""
+    data = open(path, "rb").read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, hdr = 8, b"", None
+    while pos < len(data):
+        n, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + n]
+        if kind == b"IHDR":
+            hdr = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + n
+    w, h, depth, ctype, _, _, interlace = hdr
+    assert depth == 8 and ctype in (2, 6) and interlace == 0
+    bpp = 4 if ctype == 6 else 3
+    raw, stride, prev, colours = zlib.decompress(idat), w * bpp, bytearray(w * bpp), set()
+    for y in range(h):
+        f, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - bpp] if i >= bpp else 0
+            b, c = prev[i], prev[i - bpp] if i >= bpp else 0
+            if f == 1:
+                line[i] = (line[i] + a) & 255
+            elif f == 2:
+                line[i] = (line[i] + b) & 255
+            elif f == 3:
+                line[i] = (line[i] + (a + b) // 2) & 255
+            elif f == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        colours.update(bytes(line[i:i + 3]) for i in range(0, stride, bpp))
+        prev = line
+    return colours
+
+
+def test_screenshot_shows_coloured_cells(site, tmp_path):
+    shot = tmp_path / "page.png"
+    chromium((site / "index.html").as_uri(), f"--screenshot={shot}", "--window-size=1000,700")
+    colours = _png_pixels(shot)
+    for name, rgb in {"gpu green": "1a7f37", "contract green": "4ac26b", "broken red": "cf222e"}.items():
+        assert bytes.fromhex(rgb) in colours, f"no {name} pixels in the screenshot"
+    shutil.copy(shot, os.environ.get("ENVBUILD_PAGE_SHOT", str(tmp_path / "kept.png")))
+
+
+def test_page_needs_no_network(site):
+    html = (site / "index.html").read_text()
+    assert not re.search(r"""(src|href)\s*=|@import|url\(|https?://(?!in-toto\.io)""", html), \
+        "the page refers to something outside itself"
+    seen = []
+
+    class Recording(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            seen.append(self.path)
+            super().do_GET()
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Recording, directory=str(site)))
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        s = dom(f"http://127.0.0.1:{srv.server_address[1]}/index.html#cuda=12.4")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert len([c for c in s.cells if c["data-status"] != "none"]) == 4
+    # The page asked the server for itself (and at most a favicon), nothing else.
+    assert set(seen) - {"/favicon.ico"} == {"/index.html"}
