@@ -41,11 +41,11 @@ class BaseRef:
         return {"kind": self.kind, "ref": self.ref}
 
 
-def host_mirror(suite: str) -> str | None:
+def host_mirror(suite: str, etc: Path = Path("/etc/apt")) -> str | None:
     """The mirror the host's apt already uses (so no mirror name lives in the project)."""
     want_ubuntu = suite in UBUNTU_SUITES
     cands: list[str] = []
-    paths = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]
+    paths = [etc / "sources.list", *sorted((etc / "sources.list.d").glob("*"))]
     for p in paths:
         if not p.is_file() or p.name.endswith((".disabled", ".save")) or "disabled" in p.name:
             continue
@@ -74,6 +74,15 @@ def input_hash(inp: dict) -> str:
 
 def default_tag(suite: str, inp: dict) -> str:
     return f"{DEFAULT_REPO}:{suite}-py3-{input_hash(inp)[:12]}"
+
+
+def default_bootstrap_ref(suite: str = DEFAULT_SUITE) -> str:
+    """The tag `envbuild base bootstrap --suite SUITE` makes on this host (built or not)."""
+    mirror = host_mirror(suite)
+    if not mirror:
+        raise InputError("/etc/apt/sources.list*", None, "mirror", None,
+                         f"no apt mirror for suite {suite!r} on this host; pass --mirror URL")
+    return default_tag(suite, inputs(suite, mirror))
 
 
 def _sudo() -> list[str]:

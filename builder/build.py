@@ -211,6 +211,7 @@ class Options:
     index_url: str | None = None
     torch_index_root: str | None = None
     rebuild: bool = False
+    no_cache: bool = False
 
 
 def sanitize_tag(tag: str) -> str:
@@ -289,7 +290,7 @@ class Builder:
         try:
             base = self.base_fn(combo)
             rec.base = base.to_dict()
-            rendered = self.render_fn(combo, lr, base.ref, o.results / "contexts" / cid)
+            rendered = self.render_fn(combo, lr, base, o.results / "contexts")
         except InfraError as e:
             return finish("render", "error", e.cause, str(e))
         except EnvbuildError as e:
@@ -331,7 +332,7 @@ class Builder:
                         sfiles = {**sfiles, "ca-bundle": o.ca_bundle}
                     res = self.engine.build(rendered.context_dir, dockerfile=rendered.dockerfile,
                                             tags=[content_ref, readable_ref], labels=labels, secrets=sfiles,
-                                            log_path=log_path, timeout=o.timeout, on_line=tracker, stop=self.stop)
+                                            no_cache=o.no_cache, log_path=log_path, timeout=o.timeout, on_line=tracker, stop=self.stop)
             except InfraError as e:
                 return finish("build", "error", e.cause, str(e))
             rec.log = logrel
@@ -466,9 +467,10 @@ def _lock_adapter(matrix, meta):
 
 
 def _render_adapter():
-    from .render import render_combo
+    from .render import Base, render_combo
 
-    return render_combo
+    # render writes OUT/<combo id>/ (Dockerfile, locks, probe) and hashes that whole context.
+    return lambda combo, lr, base, out: render_combo(combo, lr, Base(base.kind, base.ref), out)
 
 
 def _base_adapter(engine, spec: str, suite: str, say):
@@ -524,6 +526,8 @@ def add_arguments(p) -> None:
     p.add_argument("--ca-bundle", help="CA bundle given to builds as a secret (default: $PIP_CERT, "
                                        "$SSL_CERT_FILE or $REQUESTS_CA_BUNDLE)")
     p.add_argument("--rebuild", action="store_true", help="build even when the content tag exists")
+    p.add_argument("--no-cache", action="store_true",
+                   help="ignore BuildKit's layer cache (a cold build; download caches stay)")
 
 
 def options_from_args(args, default_repo: str) -> Options:
@@ -543,7 +547,8 @@ def options_from_args(args, default_repo: str) -> Options:
     return Options(results=Path(args.results).resolve(), repo=repo, registry=is_reg, push=args.push,
                    base=args.base, suite=args.suite, probe=args.probe, jobs=args.jobs, timeout=args.timeout,
                    ca_bundle=ca, index_url=default_index_url(),
-                   torch_index_root=os.environ.get(PYTORCH_INDEX_ENV) or None, rebuild=args.rebuild)
+                   torch_index_root=os.environ.get(PYTORCH_INDEX_ENV) or None, rebuild=args.rebuild,
+                   no_cache=args.no_cache)
 
 
 def _probe_level(spec: str) -> str:

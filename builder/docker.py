@@ -222,6 +222,16 @@ class Engine:
             raise InfraError("daemon-error", f"docker push {ref}: no digest in its output")
         return f"{split_ref(ref)[0]}@{m.group(1)}"
 
+    def cache_entries(self) -> list[dict]:
+        """BuildKit's cache records (ID, CacheType, Description, Size, InUse, ...)."""
+        p = self.cmd("system", "df", "-v", "--format", "{{json .BuildCache}}", timeout=120)
+        return json.loads(p.stdout or "[]") or []
+
+    def prune_cache(self, ids: list[str]) -> None:
+        """Prune exactly these cache records (never the whole cache: other users share it)."""
+        for i in ids:
+            self.cmd("builder", "prune", "-f", "--filter", f"id={i}", check=False, timeout=600)
+
     def registry_has(self, ref: str) -> bool:
         return registry_digest(ref) is not None
 

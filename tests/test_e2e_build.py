@@ -1,0 +1,221 @@
+"""End to end on the real engine and the real package index: ci/services.sh's daemon and
+loopback registry, a debootstrapped base, two real combinations that share their torch layer,
+push, pull back by the recorded digest, and proof that the CA bundle and the index credentials
+(BuildKit secrets) are in no layer and not in `docker history`.
+
+Run: pytest -m "docker and network and slow" tests/test_e2e_build.py   (~10-20 min cold)
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[1]
+REGISTRY = "127.0.0.1:5000"
+# vLLM 0.8.4 pins torch 2.6.0, whose default wheels are cu124; the hf engine with the same torch
+# differs only above the torch layer.
+COMBOS = [["--cuda", "cu124", "--vllm", "0.8.4", "--verl", "0.4.1"],
+          ["--cuda", "cu124", "--hf", "--torch", "2.6.0", "--verl", "0.4.1"]]
+PEM_RE = re.compile(rb"-----BEGIN CERTIFICATE-----\n(.*?)-----END CERTIFICATE-----", re.S)
+
+
+def sh(*cmd, **kw):
+    kw.setdefault("check", True)
+    return subprocess.run(cmd, capture_output=True, text=True, **kw)
+
+
+@pytest.fixture(scope="module")
+def services():
+    if not shutil.which("debootstrap") and os.geteuid() != 0:
+        pytest.skip("needs root to install and start services")
+    p = sh(str(ROOT / "ci" / "services.sh"), check=False, timeout=900)
+    assert p.returncode == 0, p.stdout + p.stderr
+    from envbuild.docker import detect
+
+    return detect()
+
+
+@pytest.fixture(scope="module")
+def base(services):
+    from envbuild.base import bootstrap, default_bootstrap_ref
+
+    existed = services.image_exists(default_bootstrap_ref())
+    ref = bootstrap(services).ref
+    yield ref
+    if not existed:  # leave a base that was there before; remove the one we made
+        services.remove(ref)
+
+
+def cli(*args, env=None, timeout=3600):
+    return subprocess.run([sys.executable, "-m", "envbuild", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout, cwd=ROOT)
+
+
+def host_only_certs(engine, image: str, bundle: Path) -> list[bytes]:
+    """Certificates of the build machine's bundle that the image's own distribution bundle lacks
+    (the intercepting proxy's CA, when there is one): they must never show up in a layer."""
+    p = subprocess.run([engine.client, "run", "--rm", "--network", "host", "--entrypoint", "cat", image,
+                        "/etc/ssl/certs/ca-certificates.crt"], capture_output=True, check=True)
+    mine = {b"".join(m.split()) for m in PEM_RE.findall(p.stdout)}
+    return [b"".join(m.split()) for m in PEM_RE.findall(bundle.read_bytes()) if b"".join(m.split()) not in mine]
+
+
+def scan_layers(engine, image: str, needles: list[bytes]) -> dict[str, int]:
+    """Stream `docker save` and search every file of every layer (and the config) for each needle."""
+    hits = {n.decode(errors="replace")[:40]: 0 for n in needles}
+    longest = max(len(n) for n in needles)
+    proc = subprocess.Popen([engine.client, "save", image], stdout=subprocess.PIPE)
+    outer = tarfile.open(fileobj=proc.stdout, mode="r|")
+    nfiles = 0
+
+    def search(f):
+        nonlocal nfiles
+        nfiles += 1
+        carry = b""
+        while True:
+            chunk = f.read(8 << 20)
+            if not chunk:
+                return
+            buf = carry + chunk
+            # PEM bodies are base64 split over lines: search the bytes with line breaks dropped too
+            flat = buf.replace(b"\n", b"")
+            for n in needles:
+                if n in buf or n in flat:
+                    hits[n.decode(errors="replace")[:40]] += 1
+            carry = buf[-(longest * 2):]
+
+    for m in outer:
+        if not m.isfile():
+            continue
+        f = outer.extractfile(m)
+        if m.name.endswith("layer.tar"):
+            inner = tarfile.open(fileobj=f, mode="r|")
+            for im in inner:
+                if im.isfile():
+                    search(inner.extractfile(im))
+        else:
+            search(f)  # manifest, image config (env, labels, history)
+    proc.wait()
+    assert proc.returncode == 0
+    assert nfiles > 1000, f"scanned only {nfiles} files of {image}: not a real image?"
+    return hits
+
+
+def test_build_push_pull_and_no_secret_in_layers(services, base, tmp_path):
+    engine = services
+    run = uuid.uuid4().hex[:8]
+    marker = f"envbuild-e2e-secret-{run}"
+    token = f"tok-{uuid.uuid4().hex}"
+    host_bundle = Path(os.environ.get("PIP_CERT") or os.environ.get("SSL_CERT_FILE") or "/etc/ssl/certs/ca-certificates.crt")
+    # the CA bundle the build gets: the host's (the proxy needs it) plus a marker line PEM parsers skip
+    bundle = tmp_path / "ca-bundle.pem"
+    bundle.write_bytes(host_bundle.read_bytes() + f"\n# {marker}\n".encode())
+    from envbuild.index import default_index_url
+
+    idx = default_index_url()
+    assert "@" not in idx, "this test adds its own credentials to the configured index URL"
+    env = {**os.environ, "PIP_INDEX_URL": idx.replace("://", f"://envbuild-e2e:{token}@", 1)}
+    env.pop("UV_DEFAULT_INDEX", None), env.pop("UV_INDEX_URL", None)
+    repo = f"{REGISTRY}/envbuild-e2e/verl-{run}"
+    results = tmp_path / "results"
+    refs: list[str] = []
+    try:
+        for sel in COMBOS:
+            p = cli("build", *sel, "--base", "bootstrap", "--registry", repo, "--push", "--ca-bundle", str(bundle),
+                    "--results", str(results), "--timeout", "2400", env=env)
+            assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+            assert f"images: {repo}" in p.stdout and str(results / "records") in p.stdout
+        from envbuild.record import latest_by_combo
+
+        recs = latest_by_combo(results)
+        assert len(recs) == 2
+        for r in recs.values():
+            assert (r.status, r.stage) == ("ok", "build"), r.detail
+            assert r.base == {"kind": "bootstrap", "ref": base}
+            assert re.fullmatch(re.escape(repo) + r"@sha256:[0-9a-f]{64}", r.image["digest"])
+            assert r.image["size"] > 1_000_000_000 and r.lock_hash
+            assert (results / r.log).is_file()
+            refs += r.image["tags"]
+        vllm, hf = (recs[k] for k in sorted(recs, key=lambda k: "hf" in k))
+
+        # shared torch layer: the hf image repeats the vLLM image's layers up to and including torch
+        lv, lh = engine.layers(vllm.image["ref"]), engine.layers(hf.image["ref"])
+        shared = next((i for i, (a, b) in enumerate(zip(lv, lh)) if a != b), min(len(lv), len(lh)))
+        # base, secrets helper, tools lock, tools, torch lock, torch: six layers at least
+        assert shared >= 6 and shared < len(lh), (shared, lv, lh)
+        rows = engine.cmd("history", "--no-trunc", "--human=false", "--format", "{{.Size}}\t{{.CreatedBy}}",
+                          hf.image["ref"]).stdout.splitlines()
+        torch_rows = [int(r.split("\t")[0]) for r in rows if "locks/torch.txt" in r and "uv pip install" in r]
+        assert torch_rows and torch_rows[0] > 1_000_000_000, rows
+
+        # the second build reused the first's torch layer instead of installing it again
+        assert hf.timings["build"] < vllm.timings["build"]
+
+        # no secret in any layer, the config or `docker history`
+        needles = [marker.encode(), token.encode()]
+        needles += [c[:64] for c in host_only_certs(engine, vllm.image["ref"], host_bundle)]
+        for r in (vllm, hf):
+            hist = engine.history(r.image["ref"]) + json.dumps(engine.inspect(r.image["ref"]))
+            assert marker not in hist and token not in hist
+            assert all(n.decode() not in hist.replace("\n", "") for n in needles)
+            hits = scan_layers(engine, r.image["ref"], needles)
+            assert not any(hits.values()), hits
+        for p in results.rglob("*"):
+            if p.is_file():
+                assert token not in p.read_text(errors="replace"), p
+
+        # pull back by the recorded digest: same image
+        for r in (vllm, hf):
+            engine.remove(*r.image["tags"])
+            assert not engine.image_exists(r.image["ref"])
+            engine.pull(r.image["digest"])
+            assert engine.image_id(r.image["digest"]) == r.image["id"]
+            refs.append(r.image["digest"])
+
+        # a rerun is a no-op: the content tag is in the registry, nothing is rebuilt
+        p = cli("build", *COMBOS[1], "--base", "bootstrap", "--registry", repo, "--push", "--ca-bundle", str(bundle),
+                "--results", str(results), env=env)
+        assert p.returncode == 0, p.stderr[-2000:]
+        again = latest_by_combo(results)[hf.combo["id"]]
+        assert again.run_id != hf.run_id and again.image["reused"] and again.image["digest"] == hf.image["digest"]
+    finally:
+        engine.remove(*refs, force=True)
+        _delete_repo(repo)
+
+
+def _delete_repo(repo: str) -> None:
+    """Delete the test's manifests from the registry and collect their blobs, so runs do not
+    fill the disk."""
+    host, name = repo.split("/", 1)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        tags = json.load(opener.open(f"http://{host}/v2/{name}/tags/list", timeout=10)).get("tags") or []
+    except OSError:
+        return
+    from envbuild.docker import MANIFEST_TYPES
+
+    for t in tags:
+        req = urllib.request.Request(f"http://{host}/v2/{name}/manifests/{t}", method="HEAD",
+                                     headers={"Accept": MANIFEST_TYPES})
+        try:
+            dig = opener.open(req, timeout=10).headers["Docker-Content-Digest"]
+            opener.open(urllib.request.Request(f"http://{host}/v2/{name}/manifests/{dig}", method="DELETE"), timeout=10)
+        except OSError:
+            pass
+    cfg = Path(os.environ.get("ENVBUILD_STATE_DIR", "/var/lib/envbuild-services")) / "registry.yml"
+    if cfg.is_file() and shutil.which("docker-registry"):
+        subprocess.run(["docker-registry", "garbage-collect", "--delete-untagged", str(cfg)], capture_output=True)
