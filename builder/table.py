@@ -77,6 +77,68 @@ def _verdict_detail(v: dict) -> str:
     return ""
 
 
+# Which probe level a check belongs to, by its name (envbuild.probe: a verdict at level L holds
+# the checks of every level up to L). A check may also carry its own "level".
+_ENV_CHECKS = {"python", "import-torch", "torch-version", "torch-cuda", "cxx11-abi", "engine-version",
+               "verl-version", "cudnn", "nccl", "pip-check"}
+
+
+def _check_level(c: dict) -> str | None:
+    if c.get("level") in LEVELS:
+        return c["level"]
+    name = str(c.get("name", ""))
+    if name.startswith("gpu:"):
+        return "gpu"
+    if name.startswith(("import:", "api:", "native")) or name == "verl-modules":
+        return "contract"
+    if name in _ENV_CHECKS:
+        return "env"
+    return None  # unknown (e.g. "probe" = the probe itself broke): counts against every level
+
+
+def _worst(statuses) -> str:
+    """The probe's precedence: error > fail > timeout > needs-gpu > pass."""
+    for s in ("error", "fail", "timeout", "needs-gpu"):
+        if s in statuses:
+            return s
+    return "pass"
+
+
+def expand_verdict(key: str, v: object) -> dict[str, dict]:
+    """{level: verdict-like dict} for one probe verdict, which covers every level up to its own.
+
+    A passing verdict at level L passes every level up to L. A non-passing one is split by its
+    checks: a lower level passes only if its own checks pass and no unattributable check failed;
+    a level without any checks gets the overall status (no evidence is not a pass).
+    """
+    if not isinstance(v, dict):
+        return {key: {}} if key in LEVELS else {}
+    level = key if key in LEVELS else v.get("level")
+    if level not in LEVELS:
+        return {}
+    upto = LEVELS[: LEVELS.index(level) + 1]
+    status = v.get("status")
+    if status == "pass":
+        return {lv: v for lv in upto}
+    checks = [c for c in (v.get("checks") or []) if isinstance(c, dict)] if isinstance(v.get("checks"), list) else []
+    if not checks or status not in ("fail", "needs-gpu", "error", "timeout"):
+        return {lv: v for lv in upto}
+    loose = [c for c in checks if _check_level(c) is None and c.get("status") not in _NOT_A_PROBLEM]
+    out = {}
+    for lv in upto:
+        mine = [c for c in checks if _check_level(c) == lv]
+        bad = [c for c in mine + loose if c.get("status") not in _NOT_A_PROBLEM]
+        if not mine and not loose:
+            out[lv] = v if lv == level else {"status": status, "cause": v.get("cause"), "checks": []}
+        elif bad:
+            out[lv] = {"status": _worst([c.get("status") for c in bad]), "checks": bad}
+        else:
+            out[lv] = {"status": "pass", "checks": mine}
+    if status == "timeout":
+        out[level] = v  # killed at its time limit: the top level did not finish, whatever ran before
+    return out
+
+
 def _image_key(image: dict | None) -> str | None:
     """Identity of an image across records: registry digest, else local id, else content hash."""
     if not image:
@@ -122,9 +184,15 @@ def fold_combo(records: list) -> dict:
             images[key] = r.image
         levels = per_image.setdefault(key, {})
         hist_levels = {}
-        for level, v in (r.probe or {}).items():
-            if level not in LEVELS:
+        # Expand each verdict to the levels it covers; a verdict keyed at a level itself wins
+        # over what a higher-level verdict of the same run implies about that level.
+        expanded: dict[str, dict] = {}
+        for pkey, v in sorted((r.probe or {}).items(), key=lambda kv: -LEVELS.index(kv[0]) if kv[0] in LEVELS else 1):
+            expanded.update(expand_verdict(pkey, v))
+        for level in LEVELS:
+            if level not in expanded:
                 continue
+            v = expanded[level]
             e = _level_entry(r, level, v if isinstance(v, dict) else {})
             hist_levels[level] = e["status"]
             slot = levels.setdefault(level, {})

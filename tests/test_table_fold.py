@@ -85,8 +85,74 @@ def test_timeout_is_not_a_pass():
 
 
 def test_level_order_is_strict_no_skipping_env():
-    row = fold_combo([rec(C, {"contract": verdict("pass"), "gpu": verdict("pass")}, img=image(C), run=1)])
+    # The run's own env verdict wins over what its contract verdict implies about env.
+    row = fold_combo([rec(C, {"env": verdict("needs-gpu", "needs-gpu"), "contract": verdict("pass")},
+                          img=image(C), run=1)])
+    assert row["levels"]["env"]["status"] == "needs-gpu"
     assert row["best_level"] is None and row["status"] == "untested"
+
+
+def _probe_verdict(level, checks):
+    """A verdict as envbuild.probe writes it (the real class), for `level` with these checks."""
+    from envbuild.probe.verdict import Verdict
+
+    v = Verdict(level=level, engine="vllm")
+    for name, status, cause in checks:
+        v.add(name, status, f"{name} said {status}", cause)
+    return v.to_dict()
+
+
+ENV_OK = [("python", "pass", None), ("import-torch", "pass", None), ("torch-cuda", "pass", None),
+          ("pip-check", "pass", None)]
+CONTRACT_OK = [("import:verl.workers.rollout", "pass", None), ("api:LLM.generate", "pass", None),
+               ("native:vllm._C", "pass", None), ("verl-modules", "not-applicable", None)]
+
+
+def test_real_probe_verdict_at_contract_level_covers_env():
+    v = _probe_verdict("contract", ENV_OK + CONTRACT_OK)
+    row = fold_combo([rec(C, {"contract": v}, img=image(C), run=1)])
+    assert row["best_level"] == "contract" and row["status"] == "verified"
+    assert row["levels"]["env"]["status"] == row["levels"]["contract"]["status"] == "pass"
+
+
+def test_real_contract_failure_is_attributed_to_contract():
+    v = _probe_verdict("contract", ENV_OK + [("import:verl.workers.rollout.vllm_rollout", "fail", "import-error")])
+    row = fold_combo([rec(C, {"contract": v}, img=image(C), run=1)])
+    assert row["levels"]["env"]["status"] == "pass"
+    assert row["levels"]["contract"]["status"] == "fail"
+    assert row["failure"]["cause"] == "import-error" and "vllm_rollout" in row["failure"]["detail"]
+    assert row["status"] == "broken" and row["best_level"] == "env"
+
+
+def test_real_env_failure_inside_a_contract_verdict_breaks_env():
+    v = _probe_verdict("contract", [("torch-cuda", "fail", "cuda-mismatch")] + CONTRACT_OK)
+    row = fold_combo([rec(C, {"contract": v}, img=image(C), run=1)])
+    assert row["levels"]["env"]["status"] == "fail" and row["failure"]["level"] == "env"
+    assert row["best_level"] is None and row["status"] == "broken"
+
+
+def test_real_needs_gpu_contract_leaves_env_verified_only():
+    v = _probe_verdict("contract", ENV_OK + [("import:verl.workers.rollout.vllm_rollout", "needs-gpu", "needs-gpu")])
+    row = fold_combo([rec(C, {"contract": v}, img=image(C), run=1)])
+    assert row["levels"]["contract"]["status"] == "needs-gpu" and row["best_level"] == "env"
+    assert row["failure"] is None
+
+
+def test_probe_crash_counts_against_every_level_but_is_no_verdict():
+    v = _probe_verdict("contract", ENV_OK + [("probe", "error", "probe-error")])
+    row = fold_combo([rec(C, {"contract": v}, img=image(C), run=1)])
+    assert row["levels"]["env"]["status"] == row["levels"]["contract"]["status"] == "error"
+    assert row["status"] == "untested" and row["failure"] is None
+
+
+def test_gpu_verdict_pass_covers_all_levels_and_timeout_without_checks_covers_none():
+    img = image(C)
+    row = fold_combo([rec(C, {"gpu": _probe_verdict("gpu", ENV_OK + CONTRACT_OK + [("gpu:logprob-match", "pass", None)])},
+                          img=img, run=1, machine={"gpu": "NVIDIA H200"})])
+    assert row["best_level"] == "gpu" and row["levels"]["gpu"]["gpu"] == "NVIDIA H200"
+    row = fold_combo([rec(C, {"contract": {"status": "timeout", "cause": "timeout", "level": "contract"}},
+                          img=img, run=1)])
+    assert row["levels"]["env"]["status"] == "timeout" and row["status"] == "broken"
 
 
 def test_image_without_digest_is_never_verified():
