@@ -34,6 +34,14 @@ def _is_url(s: str) -> bool:
     return s.startswith(("http://", "https://"))
 
 
+def _normalize(src) -> str:
+    src = str(src)
+    if src.startswith("file://"):
+        from urllib.parse import unquote, urlparse
+        src = unquote(urlparse(src).path)
+    return src
+
+
 def _locate(src: str) -> tuple[str, str | None, str]:
     """(envelope location, table location or None, directory location) for a table argument."""
     url = _is_url(src)
@@ -105,7 +113,7 @@ def load_verified(src: str | os.PathLike, pubkey=None, insecure: bool = False,
     """(table, info) after verification; info says what was checked (keyid, files)."""
     from .table import SCHEMA, TABLE_PAYLOAD_TYPE
 
-    src = str(src)
+    src = _normalize(src)
     env_loc, table_loc, directory = _locate(src)
     info = {"source": src, "envelope": env_loc, "keyid": None, "verified": False}
     if insecure:
@@ -184,7 +192,7 @@ def verify_attestations(src: str, table: dict, pubkey=None) -> int:
     """Each row with a digest has a signed Statement whose subject is that digest."""
     from .sign import IN_TOTO_PAYLOAD_TYPE, STATEMENT_TYPE
 
-    _, _, directory = _locate(str(src))
+    _, _, directory = _locate(_normalize(src))
     key = _resolve_key(pubkey, directory, quiet=True)
     n = 0
     for row in table["rows"]:

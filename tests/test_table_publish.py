@@ -51,6 +51,7 @@ def test_publish_writes_all_views_and_verify_accepts(published, run_cli):
     assert p.returncode == 0, p.stderr
     assert "OK" in p.stdout and "2 image attestations" in p.stdout
     assert load_table(out, published["pub"]) == t
+    assert load_table(out.as_uri(), published["pub"]) == t
 
 
 def test_publish_is_reproducible_with_source_date_epoch(published):
