@@ -50,7 +50,9 @@ def run(args) -> int:
     print("  ".join(c.upper().ljust(w) for c, w in zip(cols, widths)))
     for r in rows:
         print("  ".join(str(r[c] or "-").ljust(w) for c, w in zip(cols, widths)))
-    print(f"{len(rows)} combination(s)" + (f", {len(pl.excluded)} excluded" if pl.excluded else ""))
+    image = matrix_from_args(args).image
+    print(f"{len(rows)} combination(s)" + (f", {len(pl.excluded)} excluded" if pl.excluded else "")
+          + f"; each image is tagged {image}:<ID> (plus <ID>-<content hash> once rendered)")
     if args.all:
         for e in pl.excluded:
             print(f"excluded {e.combo.id}: {e.reason}")
