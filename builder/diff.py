@@ -1,0 +1,208 @@
+"""`envbuild diff OLD NEW`: what changed between two signed compatibility tables.
+
+Both tables are verified first (a diff against a forged table would be worse than none).
+Per combination and per level (build, env, contract, gpu) it reports:
+  regression  was pass, now fail/timeout (a stack that worked and broke): exit status 1
+  fixed       was fail/timeout, now pass
+  cause       failed before and now, for a different classified cause
+  new         a row only in NEW;  gone: a row only in OLD
+An infrastructure "error", "needs-gpu" or "not-run" decides nothing: pass -> error is not a
+regression (the nightly machine having a bad night is not a broken stack), and is listed as
+"undecided" so that it is visible without failing the run.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+
+from .errors import InputError
+
+LEVELS = ("build", "env", "contract", "gpu")
+FAILED = ("fail", "timeout")
+UNDECIDED = ("error", "needs-gpu", "not-run")
+
+
+@dataclass
+class Change:
+    kind: str  # regression | fixed | cause | undecided
+    id: str
+    level: str
+    old: str  # old status
+    new: str  # new status
+    old_cause: str | None = None
+    new_cause: str | None = None
+    detail: str = ""  # the new failure's detail (what a reader needs to act)
+
+
+@dataclass
+class Diff:
+    old: dict  # {"source", "generated", "keyid", "rows"}
+    new: dict
+    changes: list[Change] = field(default_factory=list)
+    added: list[dict] = field(default_factory=list)  # {"id", "status", "best_level"}
+    removed: list[dict] = field(default_factory=list)
+
+    def of(self, kind: str) -> list[Change]:
+        return [c for c in self.changes if c.kind == kind]
+
+    @property
+    def regressions(self) -> list[Change]:
+        return self.of("regression")
+
+    def to_dict(self) -> dict:
+        return {"old": self.old, "new": self.new,
+                "regressions": [asdict(c) for c in self.of("regression")],
+                "fixed": [asdict(c) for c in self.of("fixed")],
+                "cause_changed": [asdict(c) for c in self.of("cause")],
+                "undecided": [asdict(c) for c in self.of("undecided")],
+                "added": self.added, "removed": self.removed}
+
+
+def _levels(row: dict) -> dict[str, dict]:
+    out = {"build": row.get("build") or {}}
+    for lv in LEVELS[1:]:
+        out[lv] = (row.get("levels") or {}).get(lv) or {}
+    return out
+
+
+def _summary(row: dict) -> dict:
+    return {"id": row["id"], "status": row.get("status"), "best_level": row.get("best_level"),
+            "failure": row.get("failure")}
+
+
+def _rows(table: dict, where: str) -> dict[str, dict]:
+    out = {}
+    for i, r in enumerate(table["rows"]):
+        if not isinstance(r, dict) or not isinstance(r.get("id"), str):
+            raise InputError(where, None, f"rows[{i}].id", (r or {}).get("id") if isinstance(r, dict) else r,
+                             "every row needs a string id")
+        out[r["id"]] = r
+    return out
+
+
+def compare(old: dict, new: dict, old_src: str = "OLD", new_src: str = "NEW") -> Diff:
+    """Compare two (already verified) table dicts."""
+    a, b = _rows(old, old_src), _rows(new, new_src)
+    d = Diff(old={"source": old_src, "generated": old.get("generated"), "keyid": old.get("keyid"), "rows": len(a)},
+             new={"source": new_src, "generated": new.get("generated"), "keyid": new.get("keyid"), "rows": len(b)})
+    d.added = [_summary(b[i]) for i in sorted(b.keys() - a.keys())]
+    d.removed = [_summary(a[i]) for i in sorted(a.keys() - b.keys())]
+    for cid in sorted(a.keys() & b.keys()):
+        la, lb = _levels(a[cid]), _levels(b[cid])
+        for lv in LEVELS:
+            o, n = la[lv], lb[lv]
+            so, sn = o.get("status") or "not-run", n.get("status") or "not-run"
+            co, cn = o.get("cause"), n.get("cause")
+            kind = None
+            if so == "pass" and sn in FAILED:
+                kind = "regression"
+            elif so in FAILED and sn == "pass":
+                kind = "fixed"
+            elif so in FAILED and sn in FAILED and (co, so) != (cn, sn):
+                kind = "cause"
+            elif so in ("pass", *FAILED) and sn in UNDECIDED and sn != "not-run":
+                kind = "undecided"  # was decided, now the machine could not tell: visible, not fatal
+            if kind:
+                d.changes.append(Change(kind, cid, lv, so, sn, co, cn, (n.get("detail") or "")[:600]))
+    return d
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def _fmt(c: Change) -> str:
+    if c.kind == "regression":
+        return f"{c.id} [{c.level}]: {c.old} -> {c.new} ({c.new_cause or c.new})"
+    if c.kind == "fixed":
+        return f"{c.id} [{c.level}]: {c.old} ({c.old_cause or c.old}) -> pass"
+    if c.kind == "cause":
+        return f"{c.id} [{c.level}]: {c.old_cause or c.old} -> {c.new_cause or c.new}"
+    return f"{c.id} [{c.level}]: {c.old} -> {c.new} ({c.new_cause or 'no verdict'}; not a regression)"
+
+
+SECTIONS = (("regression", "Regressions (was pass, now fail)"), ("fixed", "Fixed (was fail, now pass)"),
+            ("cause", "Failure cause changed"), ("undecided", "Undecided now (infrastructure, not a verdict)"))
+
+
+def render_text(d: Diff) -> str:
+    lines = [f"old: {d.old['source']} ({d.old['rows']} rows, generated {d.old['generated']})",
+             f"new: {d.new['source']} ({d.new['rows']} rows, generated {d.new['generated']})"]
+    for kind, title in SECTIONS:
+        items = d.of(kind)
+        if items:
+            lines.append(f"{title}: {len(items)}")
+            lines += [f"  {_fmt(c)}" for c in items]
+    for title, rows in (("New rows", d.added), ("Rows gone", d.removed)):
+        if rows:
+            lines.append(f"{title}: {len(rows)}")
+            lines += [f"  {r['id']} ({r['status']})" for r in rows]
+    n = len(d.regressions)
+    lines.append(f"{n} regression(s)" if n else "no regressions")
+    return "\n".join(lines) + "\n"
+
+
+def _md_cell(s: object) -> str:
+    return str(s if s is not None else "").replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(d: Diff, verified: bool = True) -> str:
+    n = len(d.regressions)
+    head = f"## envbuild: {n} regression(s)" if n else "## envbuild: no regressions"
+    lines = [head, "",
+             f"Compared `{d.old['source']}` ({d.old['rows']} rows, {d.old['generated']}) with "
+             f"`{d.new['source']}` ({d.new['rows']} rows, {d.new['generated']}); "
+             + ("both signatures verified." if verified else "**signatures NOT checked (--insecure)**."), ""]
+    counts = [f"{len(d.of(k))} {k}" for k, _ in SECTIONS] + [f"{len(d.added)} new", f"{len(d.removed)} gone"]
+    lines += [" · ".join(counts), ""]
+    for kind, title in SECTIONS:
+        items = d.of(kind)
+        if not items:
+            continue
+        lines += [f"### {title}", "", "| combination | level | was | now | cause | detail |", "|---|---|---|---|---|---|"]
+        for c in items:
+            cause = c.new_cause if kind != "fixed" else c.old_cause
+            if kind == "cause":
+                cause = f"{c.old_cause} → {c.new_cause}"
+            detail = (c.detail or "").strip().splitlines()
+            lines.append("| " + " | ".join(_md_cell(x) for x in (
+                f"`{c.id}`", c.level, c.old, c.new, cause or "", detail[-1][:200] if detail and kind != "fixed" else "")) + " |")
+        lines.append("")
+    for title, rows in (("New rows", d.added), ("Rows gone", d.removed)):
+        if rows:
+            lines += [f"### {title}", ""] + [f"- `{r['id']}`: {r['status']}" for r in rows] + [""]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def add_arguments(p) -> None:
+    p.add_argument("old", help="the earlier table (directory, compat.json, its .dsse, or a URL)")
+    p.add_argument("new", help="the later table")
+    p.add_argument("--pubkey", help="public key JSON that signed both tables")
+    p.add_argument("--old-pubkey", help="key for OLD (after a key rotation); default --pubkey")
+    p.add_argument("--new-pubkey", help="key for NEW; default --pubkey")
+    p.add_argument("--insecure", action="store_true", help="skip signature checks (never in CI)")
+    p.add_argument("--json", action="store_true", help="print the diff as JSON")
+    p.add_argument("--markdown", metavar="FILE", help="also write a Markdown summary (issue / PR comment) here")
+
+
+def run(args) -> int:
+    from .fsutil import write_atomic
+    from .verify import load_table
+
+    ko = args.old_pubkey or args.pubkey
+    kn = args.new_pubkey or args.pubkey
+    old = load_table(args.old, ko, insecure=args.insecure)
+    new = load_table(args.new, kn, insecure=args.insecure)
+    d = compare(old, new, str(args.old), str(args.new))
+    if args.markdown:
+        write_atomic(args.markdown, render_markdown(d, verified=not args.insecure))
+    if args.json:
+        json.dump(d.to_dict(), sys.stdout, indent=2, sort_keys=True)
+        print()
+    else:
+        sys.stdout.write(render_text(d))
+    return 1 if d.regressions else 0
