@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import EnvbuildError, InputError
-from .fsutil import write_atomic
 
 IN_TOTO_PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -81,6 +80,8 @@ def write_keypair(out_dir: str | os.PathLike, name: str = DEFAULT_KEY_NAME,
         # Overwriting a signing key silently would orphan every table signed with it.
         raise InputError(str(priv_path), None, "key", str(priv_path),
                          "exists; pass --force to replace it")
+    from .fsutil import write_atomic  # here: tempfile's import is not needed to verify
+
     pem, pub = generate_keypair()
     write_atomic(priv_path, pem, mode=0o600)
     write_atomic(pub_path, json.dumps(pub.to_dict(), indent=2) + "\n")

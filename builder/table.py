@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 
 from .errors import InputError
-from .fsutil import write_atomic
 
 SCHEMA = 1
 TABLE_PAYLOAD_TYPE = "application/vnd.envbuild.compat-table+json"
@@ -325,6 +324,7 @@ def image_statement(row: dict) -> dict | None:
 
 def publish(results: str | os.PathLike, key: str | os.PathLike, out: str | os.PathLike) -> dict:
     from . import page
+    from .fsutil import write_atomic  # here, not at module level: `pick` imports this module
     from .record import iter_records
     from .sign import (IN_TOTO_PAYLOAD_TYPE, load_signer, public_key_of, sign_envelope,
                        sign_statement)

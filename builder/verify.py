@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from .errors import InfraError, InputError
@@ -62,6 +60,9 @@ def _locate(src: str) -> tuple[str, str | None, str]:
 
 def _fetch(loc: str, missing_ok: bool = False) -> bytes | None:
     if _is_url(loc):
+        import urllib.error  # here: urllib.request costs ~25 ms to import, local tables never need it
+        import urllib.request
+
         try:
             with urllib.request.urlopen(loc, timeout=FETCH_TIMEOUT_S) as resp:
                 return resp.read()
