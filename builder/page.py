@@ -192,9 +192,14 @@ function draw() {
       let label = best.status === "verified" ? best.best_level + " ✓" :
                   best.status === "broken" ? "✗ " + (best.failure ? best.failure.level : "") :
                   best.status === "unpinned" ? best.best_level + " (local)" : "?";
-      if (variants.length > 1) label += " ·" + variants.length;
+      if (variants.length > 1) {
+        // The cell shows the best variant; say how many variants there are and how many broke.
+        const nbroken = variants.filter(r => r.status === "broken").length;
+        label += " ·" + variants.length + (nbroken && best.status !== "broken" ? " (" + nbroken + "✗)" : "");
+      }
       const td = el("td", {"class": "cell " + cellClass(best), "data-status": best.status,
                            "data-level": best.best_level || "", "data-verl": v, "data-engine": eng,
+                           "data-broken": variants.filter(r => r.status === "broken").length,
                            "data-ids": variants.map(r => r.id).join(" "), "title": variants.map(summary).join("\n\n")}, label);
       if (state.sel && variants.some(r => r.id === state.sel)) td.classList.add("selected");
       td.addEventListener("click", () => { state.sel = best.id; writeHash(state); draw(); });

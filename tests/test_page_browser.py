@@ -39,6 +39,7 @@ B = combo(verl="0.5.0", ev="0.8.4")                        # broken at contract
 C = combo(verl="0.5.0", ev="0.8.5", torch="2.7.0", cuda="12.6")  # verified: gpu
 D = combo(verl="0.4.1", engine="sglang", ev="0.4.6")       # broken at build
 E = combo(verl="0.5.0", ev="0.8.5")                        # untested (infra error)
+F = combo(verl="0.4.1", ev="0.8.4", python="3.12")         # broken variant in A's cell
 CAUSE = "No module named 'vllm.worker.worker_base'"
 
 
@@ -53,6 +54,7 @@ def site(tmp_path_factory):
         rec(C, passed("env", "contract", "gpu"), img=image(C), run=3, machine={"gpu": "NVIDIA H200"}),
         rec(D, stage="lock", status="fail", cause="unsatisfiable", detail="no solution", run=4),
         rec(E, stage="lock", status="error", cause="index-unreachable", run=5),
+        rec(F, {"env": verdict("fail", "pip-check")}, img=image(F), status="fail", run=6),
     ])
     priv, _, _ = write_keypair(tmp / "keys")
     publish(res, priv, tmp / "table")
@@ -115,17 +117,19 @@ def test_grid_renders_every_combination_with_status_and_cause(site):
     s = dom((site / "index.html").as_uri())
     filled = [c for c in s.cells if c["data-status"] != "none"]
     ids = " ".join(c["data-ids"] for c in filled).split()
-    assert sorted(ids) == sorted([A["id"], B["id"], C["id"], D["id"], E["id"]])
+    assert sorted(ids) == sorted([A["id"], B["id"], C["id"], D["id"], E["id"], F["id"]])
     assert set(s.rowheads) == {"vllm 0.8.4", "vllm 0.8.5", "sglang 0.4.6"}
     by_ids = {c["data-ids"]: c for c in filled}
-    assert by_ids[A["id"]]["data-status"] == "verified" and by_ids[A["id"]]["data-level"] == "contract"
-    assert "s-contract" in by_ids[A["id"]]["class"]
+    a = by_ids[f"{A['id']} {F['id']}"]  # best variant first; the broken one is counted, not hidden
+    assert a["data-status"] == "verified" and a["data-level"] == "contract" and a["data-broken"] == "1"
+    assert "s-contract" in a["class"] and "failed at env: pip-check" in a["title"]
     assert by_ids[B["id"]]["data-status"] == "broken" and CAUSE not in by_ids[B["id"]]["title"]
     assert "failed at contract: import-error" in by_ids[B["id"]]["title"]
     assert "failed at build: unsatisfiable" in by_ids[D["id"]]["title"]
     # vllm 0.8.5 x verl 0.5.0 has two variants (cu126 gpu-verified, cu124 untested): best shown first.
     both = next(c for c in filled if C["id"] in c["data-ids"])
     assert both["data-ids"].split() == [C["id"], E["id"]] and both["data-level"] == "gpu"
+    assert both["data-broken"] == "0"
     assert "index-unreachable" not in both["data-status"]
     assert [v for v, _ in s.options["f-cuda"]] == ["", "12.6", "12.4"]
     assert [v for v, _ in s.options["f-engine"]] == ["", "sglang", "vllm"]
