@@ -263,7 +263,7 @@ class Metadata:
             except Exception:  # noqa: BLE001 - foreign file names are skipped
                 continue
             vs.add(v)
-        return [str(v) for v in sorted(vs, key=Version)]
+        return [str(v) for v in sorted(vs)]  # vs holds Version objects already
 
     def get(self, name: str, version: str) -> dict:
         key = f"{_norm(name)}=={version}"
