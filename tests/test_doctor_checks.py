@@ -1,0 +1,146 @@
+"""`envbuild doctor` config checks: GRPO, KL, advantage normalisation, batch vs GPU memory, FSDP offload."""
+
+import json
+
+import pytest
+
+from envbuild.doctor import FAIL, PASS, SKIP, WARN, Options, check_config, check_fsdp, check_grpo
+from envbuild.verl_config import build_config
+
+GiB = 1 << 30
+GOOD_GRPO = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=8",
+             "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.001",
+             "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "algorithm.norm_adv_by_std_in_grpo=True"]
+NO_GPU = Options(gpus=lambda: [])
+
+
+def by_name(results):
+    return {r.name: r for r in results}
+
+
+def grpo(*overrides, opt=NO_GPU):
+    return by_name(check_grpo(build_config(None, list(overrides)), opt))
+
+
+def test_good_grpo_config_passes():
+    r = grpo(*GOOD_GRPO)
+    assert {k: v.status for k, v in r.items()} == {
+        "grpo.n": PASS, "grpo.kl_loss": PASS, "grpo.norm_adv": PASS, "grpo.responses": PASS}
+    assert "8192 responses per step (1024 prompts x n=8)" in r["grpo.responses"].reason
+
+
+@pytest.mark.parametrize("n", [1, 0])
+def test_grpo_without_grouped_sampling_fails(n):
+    r = grpo(*GOOD_GRPO, f"actor_rollout_ref.rollout.n={n}")
+    assert r["grpo.n"].status == FAIL and f"rollout.n={n}" in r["grpo.n"].reason
+    assert "rollout.n=4" in r["grpo.n"].fix
+
+
+def test_group_estimators_other_than_grpo_need_n_too_but_not_grpo_kl():
+    r = grpo("algorithm.adv_estimator=rloo")
+    assert r["grpo.n"].status == FAIL and "grpo.kl_loss" not in r
+    assert grpo("algorithm.adv_estimator=gae")["grpo.n"].status == SKIP
+
+
+def test_kl_loss_left_at_default_fails_but_explicit_false_warns():
+    base = [o for o in GOOD_GRPO if "use_kl_loss" not in o]
+    assert grpo(*base)["grpo.kl_loss"].status == FAIL
+    r = grpo(*base, "actor_rollout_ref.actor.use_kl_loss=False")
+    assert r["grpo.kl_loss"].status == WARN and "explicitly" in r["grpo.kl_loss"].reason
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("actor_rollout_ref.actor.kl_loss_coef=0", "kl_loss_coef=0"),
+    ("actor_rollout_ref.actor.kl_loss_coef=null", "kl_loss_coef=None"),
+    ("actor_rollout_ref.actor.kl_loss_type=lowvar", "kl_loss_type='lowvar'"),
+])
+def test_kl_loss_needs_a_coefficient_and_a_known_type(override, needle):
+    r = grpo(*GOOD_GRPO, override)["grpo.kl_loss"]
+    assert r.status == FAIL and needle in r.reason
+
+
+def test_k3_plus_is_a_known_kl_type():
+    assert grpo(*GOOD_GRPO, "actor_rollout_ref.actor.kl_loss_type=k3+")["grpo.kl_loss"].status == PASS
+
+
+def test_norm_adv_left_at_default_warns():
+    base = [o for o in GOOD_GRPO if "norm_adv" not in o]
+    r = grpo(*base)["grpo.norm_adv"]
+    assert r.status == WARN and "default" in r.reason and "Dr. GRPO" in r.fix
+    assert grpo(*base, "algorithm.norm_adv_by_std_in_grpo=False")["grpo.norm_adv"].status == PASS
+
+
+def test_kl_in_reward_and_loss_warns():
+    r = grpo(*GOOD_GRPO, "algorithm.use_kl_in_reward=True")
+    assert r["kl.double"].status == WARN and "twice" in r["kl.double"].reason
+    assert "kl.double" not in grpo(*GOOD_GRPO)
+
+
+def _model(tmp_path, weights_bytes, layers=28, hidden=3584, heads=28, kv_heads=4):
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"num_hidden_layers": layers, "hidden_size": hidden,
+                                               "num_attention_heads": heads, "num_key_value_heads": kv_heads}))
+    with open(d / "model.safetensors", "wb") as f:  # sparse file: its size is what counts
+        f.truncate(weights_bytes)
+    return d
+
+
+def test_responses_against_gpu_memory(tmp_path):
+    # 7B-like: 28 layers, 4 KV heads of 128 -> 57344 B/token KV; 15 GB bf16 weights, TP 2
+    model = _model(tmp_path, 15 * 10**9)
+    gpus = Options(gpus=lambda: [{"name": "FakeGPU", "total": 80 * GiB}] * 8)
+    common = [*GOOD_GRPO, f"actor_rollout_ref.model.path={model}", "trainer.n_gpus_per_node=8",
+              "actor_rollout_ref.rollout.gpu_memory_utilization=0.6", "data.max_prompt_length=1024",
+              "data.max_response_length=3072"]
+    small = grpo(*common, "data.train_batch_size=32", opt=gpus)["grpo.responses"]
+    assert small.status == PASS and "8 x FakeGPU 80.0 GiB" in small.reason
+    assert small.details["kv_needed_per_gpu"] == 32 * 8 * 4096 * 57344 / 8
+    big = grpo(*common, "data.train_batch_size=1024", opt=gpus)["grpo.responses"]
+    assert big.status == WARN and "waves" in big.reason
+    # weights that do not fit in the rollout's share at all
+    huge = grpo(*common, "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+                "actor_rollout_ref.rollout.gpu_memory_utilization=0.1", opt=gpus)["grpo.responses"]
+    assert huge.status == FAIL and "does not fit" in huge.reason
+
+
+def test_responses_without_gpu_or_torch_are_info_only():
+    assert "no GPU visible" in grpo(*GOOD_GRPO)["grpo.responses"].reason
+    assert "torch not installed" in grpo(*GOOD_GRPO, opt=Options(gpus=lambda: None))["grpo.responses"].reason
+
+
+def fsdp(*overrides):
+    return by_name(check_fsdp(build_config(None, list(overrides)), Options()))
+
+
+A = "actor_rollout_ref.actor.fsdp_config."
+R = "actor_rollout_ref.ref.fsdp_config."
+KL = "actor_rollout_ref.actor.use_kl_loss=True"
+
+
+def test_fsdp_offload_layouts():
+    # verl's GRPO examples: actor on GPU, reference offloaded
+    r = fsdp(KL, f"{R}param_offload=True")
+    assert r["fsdp.ref_offload"].status == PASS and r["fsdp.offload"].status == PASS
+    # actor offloaded, reference not: the freed memory is eaten by the reference
+    r = fsdp(KL, f"{A}param_offload=True", f"{A}optimizer_offload=True")
+    assert r["fsdp.ref_offload"].status == WARN and f"{R}param_offload=True" in r["fsdp.ref_offload"].fix
+    assert fsdp(f"{A}param_offload=True", f"{A}optimizer_offload=True")["fsdp.ref_offload"].status == SKIP
+
+
+def test_param_offload_without_optimizer_offload_warns_with_safer_alternatives():
+    r = fsdp(KL, f"{A}param_offload=True", f"{R}param_offload=True")["fsdp.offload"]
+    assert r.status == WARN and "optimizer_offload=True" in r.fix
+    assert "gradient_checkpointing" in r.fix and "micro_batch" in r.fix
+    r2 = fsdp("actor_rollout_ref.actor.strategy=fsdp2", f"{A}param_offload=True")["fsdp.offload"]
+    assert r2.status == WARN and "offload_policy=True" in r2.fix
+    assert fsdp("actor_rollout_ref.actor.strategy=fsdp2", f"{A}param_offload=True",
+                f"{A}offload_policy=True")["fsdp.offload"].status == PASS
+    assert fsdp(f"{A}offload_policy=True")["fsdp.offload"].status == WARN  # fsdp1 ignores it
+    assert fsdp("actor_rollout_ref.actor.strategy=megatron")["fsdp.offload"].status == SKIP
+
+
+def test_unknown_keys_warn_in_one_line():
+    r = check_config(build_config(None, ["trainer.n_gpu_per_node=8"]), Options())[0]
+    assert r.status == WARN and "did you mean trainer.n_gpus_per_node?" in r.reason and "\n" not in r.reason
+    assert check_config(build_config(None, ["trainer.n_gpus_per_node=8"]), Options())[0].status == PASS
