@@ -1,0 +1,109 @@
+"""Classify failure messages into a status and a cause, naming the symbol/module/library.
+
+The classes come from what broken stacks really print (see shared/reference/probe.md):
+a missing driver means "needs a GPU", everything else that stops an import is a broken stack.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .verdict import FAIL, NEEDS_GPU, NOT_APPLICABLE
+
+ENGINES = ("vllm", "sglang", "hf")
+# Top-level modules of engines the probe knows; a module of *another* engine is not applicable.
+ENGINE_MODULES = {
+    "vllm": {"vllm", "vllm_flash_attn"},
+    "sglang": {"sglang", "sgl_kernel", "sglang_kernel"},
+    "hf": set(),
+}
+# Optional backends verl supports but a combination need not include: their absence is not a failure.
+OPTIONAL_BACKENDS = {
+    "megatron", "mbridge", "transformer_engine", "apex", "torch_npu", "mindspeed", "vllm_ascend",
+    "tensorrt_llm", "trtllm", "lmdeploy", "deepspeed", "liger_kernel", "flash_attn_interface",
+    "trl", "peft", "mcore", "nemo", "torchtitan",
+}
+
+
+@dataclass
+class Classified:
+    status: str
+    cause: str
+    detail: str
+
+
+def _first_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+def _demangle(sym: str) -> str:
+    from .elfsyms import demangle  # local: keeps this module importable on its own
+    return demangle([sym]).get(sym, sym)
+
+
+def classify_message(text: str, engine: str | None = None) -> Classified:
+    """Map one error message (exception text or stderr tail) to a status and cause."""
+    t = text or ""
+    # Driver-level: this host has no GPU. Not broken, cannot be judged here.
+    m = re.search(r"(libcuda\.so(?:\.\d+)?): cannot open shared object file", t)
+    if m:
+        return Classified(NEEDS_GPU, "no-driver", f"{m.group(1)} not found: needs the NVIDIA driver")
+    for pat, why in (
+        (r"Found no NVIDIA driver", "no NVIDIA driver"),
+        (r"Device string must not be empty", "no CUDA device (engine config needs a GPU)"),
+        (r"No CUDA GPUs are available", "no CUDA GPU available"),
+        (r"CUDA driver initialization failed", "CUDA driver initialization failed"),
+        (r"Torch not compiled with CUDA enabled", "torch has no CUDA (CPU build)"),
+        (r"NVML Shared Library Not Found|libnvidia-ml\.so(?:\.1)?: cannot open", "NVML (driver) not found"),
+        (r"cudaGetDeviceCount|CUDA_ERROR_NO_DEVICE|no CUDA-capable device is detected", "no CUDA device"),
+    ):
+        if re.search(pat, t):
+            return Classified(NEEDS_GPU, "needs-gpu", why)
+    if "no kernel image is available for execution on the device" in t:
+        return Classified(FAIL, "no-kernel-image", "wheel not built for this GPU architecture")
+    m = re.search(r"undefined symbol: (\S+)", t)
+    if m:
+        sym = m.group(1).rstrip(",.;'\"")
+        return Classified(FAIL, "undefined-symbol",
+                          f"undefined symbol {_demangle(sym)} ({sym}): built against another torch/library")
+    m = re.search(r"(GLIBC(?:XX)?_[\d.]+)' not found", t) or re.search(r"(GLIBC(?:XX)?_[\d.]+) not found", t)
+    if m:
+        return Classified(FAIL, "glibc-too-old", f"{m.group(1)} not found: base image's C library is too old")
+    m = re.search(r"(lib(?:cudart|cublas|cublasLt|cudnn\w*|nccl|nvrtc|cufft|curand|cusparse\w*|cusolver|"
+                  r"nvJitLink|nvToolsExt|cupti|cufile|nvshmem\w*)[\w.\-]*\.so[\d.]*): cannot open", t)
+    if m:
+        return Classified(FAIL, "cuda-runtime-missing",
+                          f"{m.group(1)} not found: CUDA runtime missing or of another major version")
+    m = re.search(r"(\S+\.so[\d.]*): cannot open shared object file", t)
+    if m:
+        return Classified(FAIL, "library-missing", f"{m.group(1)} not found")
+    m = re.search(r"No module named '([\w.]+)'", t)
+    if m:
+        mod = m.group(1)
+        top = mod.split(".")[0]
+        other = set().union(*(v for k, v in ENGINE_MODULES.items() if k != engine)) - ENGINE_MODULES.get(engine or "", set())
+        if top in other:
+            return Classified(NOT_APPLICABLE, "other-engine", f"needs {mod} (engine not in this combination)")
+        if top in OPTIONAL_BACKENDS:
+            return Classified(NOT_APPLICABLE, "optional-backend", f"needs {mod} (optional backend not installed)")
+        return Classified(FAIL, "module-missing", f"No module named {mod!r}")
+    m = re.search(r"cannot import name '([\w.]+)' from '([\w.]+)'", t)
+    if m:
+        return Classified(FAIL, "import-error", f"cannot import {m.group(1)} from {m.group(2)} (API drift)")
+    if re.search(r"CUDA out of memory|OutOfMemoryError", t):
+        return Classified(FAIL, "gpu-oom", _first_line(t))
+    if re.search(r"\bImportError\b|\bModuleNotFoundError\b", t):
+        return Classified(FAIL, "import-error", _first_line(t))
+    return Classified(FAIL, "exception", _first_line(t)[:500])
+
+
+def classify_exception(exc: BaseException, engine: str | None = None) -> Classified:
+    text = f"{type(exc).__name__}: {exc}"
+    c = classify_message(text, engine)
+    if c.cause == "exception":
+        c.detail = text[:500]
+    if isinstance(exc, ImportError) and c.cause == "exception":
+        c.cause = "import-error"
+    return c

@@ -1,0 +1,107 @@
+"""`python -m envbuild.probe` (in images: `python -m envbuild_probe`): run levels, write one verdict."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+from .verdict import ERROR, Verdict, write_json
+
+LEVELS = ("env", "contract", "gpu")
+EXIT = {"pass": 0, "fail": 1, "error": 2, "needs-gpu": 3}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="envbuild-probe", description=__doc__.splitlines()[0])
+    p.add_argument("--level", choices=LEVELS, default="contract", help="a level includes the levels below it")
+    p.add_argument("--engine", choices=("vllm", "sglang", "hf"), required=True)
+    p.add_argument("--expect-cuda", help="CUDA of the combination, e.g. 12.4 (or 'cpu')")
+    p.add_argument("--expect-torch")
+    p.add_argument("--expect-engine-version")
+    p.add_argument("--expect-verl")
+    p.add_argument("--json", dest="json_out", help="write the verdict here (default: stdout)")
+    p.add_argument("--scratch", help="writable folder for the tiny model (default: a temp dir)")
+    g = p.add_argument_group("gpu level")
+    g.add_argument("--engine-dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    g.add_argument("--prompts", type=int, default=4)
+    g.add_argument("-n", type=int, default=4, help="responses per prompt (GRPO group size, >= 2)")
+    g.add_argument("--max-tokens", type=int, default=16)
+    g.add_argument("--tol-max", type=float, help="override the calibrated logprob tolerance (max abs)")
+    g.add_argument("--tol-mean", type=float, help="override the calibrated logprob tolerance (mean abs)")
+    g.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def run(args: argparse.Namespace) -> Verdict:
+    expect = {k: val for k, val in (("cuda", args.expect_cuda), ("torch", args.expect_torch),
+                                    ("engine_version", args.expect_engine_version), ("verl", args.expect_verl)) if val}
+    v = Verdict(level=args.level, engine=args.engine, expect=expect)
+    upto = LEVELS[:LEVELS.index(args.level) + 1]
+    try:
+        from .env_level import run_env
+        with v.timed("env"):
+            run_env(v, expect, args.engine)
+        if "contract" in upto:
+            from .contract import run_contract
+            with v.timed("contract"):
+                run_contract(v, expect, args.engine)
+        if "gpu" in upto:
+            from .gpu_level import GpuOptions, run_gpu
+            opt = GpuOptions(prompts=args.prompts, n=args.n, max_tokens=args.max_tokens,
+                             engine_dtype=args.engine_dtype, tol_max=args.tol_max, tol_mean=args.tol_mean,
+                             seed=args.seed, scratch=args.scratch)
+            with v.timed("gpu"):
+                run_gpu(v, expect, args.engine, opt)
+    except Exception:  # a bug in the probe is "error", never a verdict on the stack
+        v.add("probe", ERROR, traceback.format_exc()[-2000:], "probe-error")
+    return v
+
+
+# Offline and quiet: the probe must never reach a hub, and progress bars only clutter the logs.
+QUIET_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+             "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false", "TQDM_DISABLE": "1"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    for k, val in QUIET_ENV.items():
+        os.environ.setdefault(k, val)
+    args = build_parser().parse_args(argv)
+    if args.n < 2:
+        print("envbuild-probe: -n must be >= 2 (GRPO needs a group)", file=sys.stderr)
+        return 2
+    v = run(args)
+    d = v.to_dict()
+    d["timings"]["process"] = round(time.time() - _process_start(), 4)
+    if int(os.environ.get("RANK", "0")) == 0:
+        if args.json_out:
+            write_json(args.json_out, d)
+        else:
+            json.dump(d, sys.stdout, indent=2, sort_keys=True, default=str)
+            print()
+        _summary(d)
+    return EXIT.get(d["status"], 2)
+
+
+def _process_start() -> float:
+    """Wall-clock start of this process (imports included), from /proc; falls back to now."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.time()
+
+
+def _summary(d: dict) -> None:
+    for c in d["checks"]:
+        if c["status"] not in ("pass", "not-applicable", "skipped"):
+            first = (c["detail"] or "").splitlines()[0][:160] if c["detail"] else ""
+            print(f"  {c['status']:<15} {c['name']}: {first}", file=sys.stderr)
+    print(f"probe {d['level']}/{d['engine']}: {d['status']} ({len(d['checks'])} checks, "
+          f"{d['timings'].get('process', 0):.1f}s)", file=sys.stderr)

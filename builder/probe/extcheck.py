@@ -1,0 +1,186 @@
+"""Static check of native extensions against the installed torch (no dlopen, no driver needed).
+
+For each distribution that ships shared objects and builds on torch (the engine, its kernel
+packages, flash-attn, ...): every undefined torch symbol must be exported by torch's libraries,
+every DT_NEEDED library must be findable, and every required GLIBC version must be present.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.metadata as md
+import os
+import platform
+import re
+import sys
+from dataclasses import dataclass, field
+
+from .elfsyms import NotElf, demangle, is_torch_symbol, read_elf, version_key
+
+# Distributions always scanned when installed, besides any that requires torch.
+KNOWN_NATIVE = ("vllm", "sglang", "sgl-kernel", "sglang-kernel", "flash-attn", "flash_attn_3",
+                "flashinfer-python", "xformers", "vllm-flash-attn", "deep-gemm", "torchvision", "torchaudio")
+DRIVER_LIBS = re.compile(r"^lib(cuda|nvidia-ml|nvidia-\w+)\.so")
+CUDA_LIBS = re.compile(r"^lib(cudart|cublas|cublasLt|cudnn\w*|nccl|nvrtc|cufft|curand|cusparse\w*|cusolver|"
+                       r"nvJitLink|nvToolsExt|cupti|cufile|nvshmem\w*|cuda\w+)\.so")
+# Plugins loaded on demand (torchaudio's sox/ffmpeg backends): their absence breaks nothing else.
+OPTIONAL_LIBS = re.compile(r"^lib(sox|av\w+|sw\w+|postproc)\.so")
+SYSTEM_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib",
+               "/usr/local/lib", "/usr/local/cuda/lib64", "/usr/local/nvidia/lib64",
+               "/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu")
+
+
+@dataclass
+class ExtProblem:
+    dist: str
+    file: str
+    kind: str  # "undefined-symbol" | "cuda-runtime-missing" | "library-missing" | "no-driver" | "glibc-too-old"
+    what: str
+
+
+@dataclass
+class ExtReport:
+    scanned: dict[str, int] = field(default_factory=dict)  # dist -> number of .so files
+    problems: list[ExtProblem] = field(default_factory=list)
+    driver_libs: set[str] = field(default_factory=set)  # provided by the NVIDIA driver at run time
+    optional_missing: set[str] = field(default_factory=set)
+
+
+def _is_so(path: str) -> bool:
+    return bool(re.search(r"\.so(\.\d+)*$", path))
+
+
+def _dist_files(dist: md.Distribution) -> list[str]:
+    files = dist.files
+    if files:
+        return [str(dist.locate_file(f)) for f in files if _is_so(str(f))]
+    # No RECORD: walk its top-level packages.
+    out = []
+    top = (dist.read_text("top_level.txt") or "").split()
+    for t in top:
+        p = str(dist.locate_file(t))
+        for root, _d, fs in os.walk(p):
+            out += [os.path.join(root, f) for f in fs if _is_so(f)]
+    return out
+
+
+def _requires_torch(dist: md.Distribution) -> bool:
+    for r in dist.requires or []:
+        if re.match(r"\s*torch\b(?![\w-])", r) and "extra ==" not in r:
+            return True
+    return False
+
+
+def native_dists() -> list[md.Distribution]:
+    seen, out = set(), []
+    for d in md.distributions():
+        name = (d.metadata["Name"] or "").lower().replace("_", "-")
+        if not name or name in seen or name == "torch":
+            continue
+        if name in {k.replace("_", "-") for k in KNOWN_NATIVE} or _requires_torch(d):
+            seen.add(name)
+            out.append(d)
+    return out
+
+
+def torch_lib_dir() -> str | None:
+    import importlib.util
+    spec = importlib.util.find_spec("torch")
+    if not spec or not spec.submodule_search_locations:
+        return None
+    return os.path.join(list(spec.submodule_search_locations)[0], "lib")
+
+
+def torch_exports(lib_dir: str) -> set[str]:
+    syms: set[str] = set()
+    pkg = os.path.dirname(lib_dir)
+    for p in glob.glob(os.path.join(lib_dir, "*.so*")) + glob.glob(os.path.join(pkg, "_C*.so")):
+        try:
+            syms |= read_elf(p).defined
+        except (NotElf, OSError):
+            continue
+    return syms
+
+
+def _search_dirs(so_path: str, runpath: list[str], lib_dir: str | None) -> list[str]:
+    origin = os.path.dirname(so_path)
+    dirs = [p.replace("$ORIGIN", origin).replace("${ORIGIN}", origin) for p in runpath]
+    dirs += [origin]
+    if lib_dir:
+        dirs.append(lib_dir)  # torch's libraries are loaded before any extension
+    for sp in sys.path:  # torch preloads the CUDA libraries of the nvidia-* wheels
+        dirs += glob.glob(os.path.join(sp, "nvidia", "*", "lib")) + glob.glob(os.path.join(sp, "nvidia", "cu*", "lib"))
+    dirs += [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p]
+    dirs += list(SYSTEM_DIRS)
+    return dirs
+
+
+def _glibc() -> str | None:
+    name, ver = platform.libc_ver()
+    return ver if name == "glibc" else None
+
+
+def check_extensions(dists: list[md.Distribution] | None = None) -> ExtReport:
+    rep = ExtReport()
+    lib_dir = torch_lib_dir()
+    exports = torch_exports(lib_dir) if lib_dir else set()
+    glibc = _glibc()
+    missing_syms: list[tuple[str, str, str]] = []
+    for d in dists if dists is not None else native_dists():
+        name = d.metadata["Name"]
+        sos = [p for p in _dist_files(d) if os.path.isfile(p)]
+        infos = []
+        for p in sos:
+            try:
+                infos.append(read_elf(p))
+            except (NotElf, OSError):
+                continue
+        rep.scanned[name] = len(infos)
+        own = set().union(*(i.defined for i in infos)) if infos else set()
+        for i in infos:
+            rel = os.path.relpath(i.path, str(d.locate_file("")))
+            for s in sorted(i.undefined):
+                if is_torch_symbol(s) and s not in exports and s not in own:
+                    missing_syms.append((name, rel, s))
+            dirs = _search_dirs(i.path, i.runpath, lib_dir)
+            for lib in i.needed:
+                if any(os.path.exists(os.path.join(dd, lib)) for dd in dirs) or _in_ld_cache(lib):
+                    continue
+                if lib in {os.path.basename(x.path) for x in infos}:
+                    continue
+                if DRIVER_LIBS.match(lib):  # the container runtime mounts the driver; never in an image
+                    rep.driver_libs.add(lib)
+                    continue
+                if OPTIONAL_LIBS.match(lib):
+                    rep.optional_missing.add(lib)
+                    continue
+                kind = "cuda-runtime-missing" if CUDA_LIBS.match(lib) else "library-missing"
+                rep.problems.append(ExtProblem(name, rel, kind, lib))
+            if glibc:
+                for lib, vers in i.verneed.items():
+                    for ver in vers:
+                        if ver.startswith("GLIBC_2.") and version_key(ver) > version_key("GLIBC_" + glibc):
+                            rep.problems.append(ExtProblem(name, rel, "glibc-too-old", f"{ver} (have {glibc})"))
+    names = demangle([s for _n, _r, s in missing_syms])
+    for n, r, s in missing_syms:
+        rep.problems.append(ExtProblem(n, r, "undefined-symbol", f"{names[s]} ({s})" if names[s] != s else s))
+    return rep
+
+
+_LD_CACHE: set[str] | None = None
+
+
+def _in_ld_cache(lib: str) -> bool:
+    global _LD_CACHE
+    if _LD_CACHE is None:
+        _LD_CACHE = set()
+        import shutil
+        import subprocess
+        exe = shutil.which("ldconfig") or ("/sbin/ldconfig" if os.path.exists("/sbin/ldconfig") else None)
+        if exe:
+            try:
+                out = subprocess.run([exe, "-p"], capture_output=True, text=True, timeout=20).stdout
+                _LD_CACHE = {ln.split()[0] for ln in out.splitlines()[1:] if ln.strip()}
+            except (OSError, subprocess.SubprocessError):
+                pass
+    return lib in _LD_CACHE
