@@ -138,13 +138,19 @@ def expand_verdict(key: str, v: object) -> dict[str, dict]:
     return out
 
 
-def _image_key(image: dict | None) -> str | None:
-    """Identity of an image across records: registry digest, else local id, else content hash."""
+def _image_key(image: dict | None, id_to_digest: dict | None = None) -> str | None:
+    """Identity of an image across records: registry digest, else local id, else content hash.
+
+    A run that probed an already pushed image without pushing again records only its local id:
+    `id_to_digest` (from the records that have both) maps it back to the same image.
+    """
     if not image:
         return None
     pinned = parse_pinned(image.get("digest"))
     if pinned:
         return "sha256:" + pinned[1]
+    if id_to_digest and image.get("id") in id_to_digest:
+        return id_to_digest[image["id"]]
     return image.get("id") or image.get("content_hash") or None
 
 
@@ -177,10 +183,12 @@ def fold_combo(records: list) -> dict:
     build = {"status": "not-run", "cause": None, "detail": "", "run_id": None, "created": None}
     last_build_any: dict | None = None
     history = []
+    id_to_digest = {r.image["id"]: _image_key(r.image) for r in recs
+                    if r.image and r.image.get("id") and parse_pinned(r.image.get("digest"))}
     for r in recs:
-        key = _image_key(r.image)
-        if key is not None:
-            images[key] = r.image
+        key = _image_key(r.image, id_to_digest)
+        if key is not None and (parse_pinned(r.image.get("digest")) or key not in images):
+            images[key] = r.image  # the newest record that names the image's digest describes it
         levels = per_image.setdefault(key, {})
         hist_levels = {}
         # Expand each verdict to the levels it covers; a verdict keyed at a level itself wins
@@ -222,7 +230,7 @@ def fold_combo(records: list) -> dict:
     if newest_decisive:
         row_key = max(newest_decisive, key=newest_decisive.get)
     else:
-        row_key = next((_image_key(r.image) for r in reversed(recs) if _image_key(r.image)), None)
+        row_key = next((_image_key(r.image, id_to_digest) for r in reversed(recs) if _image_key(r.image)), None)
     img = images.get(row_key) or {}
     pinned = parse_pinned(img.get("digest"))
     image = None

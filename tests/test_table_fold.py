@@ -191,6 +191,17 @@ def test_a_pass_on_one_image_never_verifies_another():
     assert row["levels"]["gpu"]["status"] == "not-run"
 
 
+def test_reprobe_of_a_pushed_image_without_digest_is_the_same_image():
+    img = image(C)
+    local = {k: v for k, v in img.items() if k != "digest"}  # same local id, not pushed this time
+    row = fold_combo([rec(C, passed("env", "contract"), img=img, run=1),
+                      rec(C, {"env": verdict("pass"), "gpu": verdict("pass")}, img=local, run=2)])
+    assert row["image"]["pinned"] == img["digest"] and row["status"] == "verified"
+    row = fold_combo([rec(C, passed("env"), img=local, run=1), rec(C, passed("env", "contract"), img=img, run=2),
+                      rec(C, {"env": verdict("pass"), "contract": verdict("fail", "import-error")}, img=local, run=3)])
+    assert row["status"] == "broken" and row["image"]["pinned"] == img["digest"]
+
+
 def test_build_failure_without_image_is_broken_with_cause():
     row = fold_combo([rec(C, stage="lock", status="fail", cause="unsatisfiable", detail="no solution", run=1)])
     assert row["status"] == "broken" and row["image"] is None
