@@ -14,9 +14,11 @@ import sys
 from packaging.version import InvalidVersion, Version
 
 from .errors import EnvbuildError
+from .table import parse_pinned
 
 LEVEL_RANK = {None: 0, "env": 1, "contract": 2, "gpu": 3}
 DEFAULT_LEVEL = "contract"  # env only proves versions; contract proves verl's rollout imports
+EXPLAIN_MAX = 25  # lines of explanation on a terminal; --json lists every rejected row
 SELECTORS = ("cuda", "vllm", "sglang", "verl", "torch", "python")
 
 
@@ -94,6 +96,8 @@ def why_not(row: dict, min_level: str) -> str:
         return f"no verdict yet: {what}; infrastructure errors and needs-gpu are not verdicts"
     if st == "unpinned":
         return "passed, but the image was never pushed: no digest to pin"
+    if st == "verified" and LEVEL_RANK.get(row.get("best_level"), 0) >= LEVEL_RANK[min_level]:
+        return "inconsistent row (its levels do not support its status): refused"
     if st == "verified":
         nxt = [k for k in ("env", "contract", "gpu") if LEVEL_RANK[k] > LEVEL_RANK.get(row.get("best_level"), 0)]
         state = ", ".join(f"{k} {lv[k]['status']}" + (f" ({lv[k]['cause']})" if lv[k].get("cause") else "")
@@ -105,7 +109,7 @@ def why_not(row: dict, min_level: str) -> str:
 def eligible(row: dict, need: int) -> bool:
     """Re-derived from the levels, not only from status/best_level: an inconsistent row is refused."""
     lv = row.get("levels") or {}
-    if row.get("status") != "verified" or not (row.get("image") or {}).get("pinned"):
+    if row.get("status") != "verified" or not parse_pinned((row.get("image") or {}).get("pinned")):
         return False
     if LEVEL_RANK.get(row.get("best_level"), 0) < need:
         return False
@@ -135,8 +139,11 @@ def explain_empty(table: dict, sel: dict, rejected: list[dict], min_level: str) 
         return lines
     lines = [f"no verified image at level {min_level} or above matches {asked}; "
              f"{len(rejected)} combination(s) match:"]
-    for r in sorted(rejected, key=lambda r: r["id"]):
+    shown = sorted(rejected, key=lambda r: r["id"])
+    for r in shown[:EXPLAIN_MAX]:
         lines.append(f"  {r['id']}: {why_not(r, min_level)}")
+    if len(shown) > EXPLAIN_MAX:
+        lines.append(f"  … and {len(shown) - EXPLAIN_MAX} more (narrow the selection, or --json for all)")
     return lines
 
 

@@ -84,7 +84,20 @@ def test_inconsistent_row_is_refused():
     assert pick(t, {}, "gpu")[0] is None
     t["rows"][0]["best_level"] = "contract"
     t["rows"][0]["levels"]["gpu"]["status"] = "fail"
+    row, rejected = pick(t, {})
+    assert row is None and "inconsistent" in explain_empty(t, {}, rejected, "contract")[1]
+    t["rows"][0]["levels"]["gpu"]["status"] = "not-run"
+    t["rows"][0]["image"]["pinned"] = "repo:latest"  # a tag is not a digest
     assert pick(t, {})[0] is None
+
+
+def test_long_explanations_are_capped():
+    recs = [rec(c, {"env": verdict("fail", "cuda-mismatch")}, img=image(c), run=i)
+            for i, c in enumerate(combo(verl=f"0.{i}.0") for i in range(40))]
+    t = table_of(recs)
+    row, rejected = pick(t, {})
+    lines = explain_empty(t, {}, rejected, "contract")
+    assert row is None and len(rejected) == 40 and len(lines) == 27 and "15 more" in lines[-1]
 
 
 def test_selectors():
