@@ -750,7 +750,10 @@ def check_table(opt: Options, engine: str, versions: dict) -> Result:
                 and _release(c.get("engine_version") or "") == have["engine_version"]
                 and _release(c.get("torch")) == have["torch"] and _cuda(c.get("cuda")) == have["cuda"]
                 and str(c.get("python")) == have["python"]):
-            levels = {k: (v or {}).get("status") for k, v in (row.get("levels") or {}).items()}
+            order = ("env", "contract", "gpu")  # the table's JSON is key-sorted; report in level order
+            raw = row.get("levels") or {}
+            ranked = sorted(raw, key=lambda k: order.index(k) if k in order else len(order))
+            levels = {k: (raw[k] or {}).get("status") for k in ranked}
             passed = [k for k, s in levels.items() if s == "pass"]
             failed = [k for k, s in levels.items() if s in ("fail", "timeout")]
             d = {"installed": have, "row": row.get("id"), "levels": levels, "row_status": row.get("status")}
