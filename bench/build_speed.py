@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     ap.add_argument("--verl", default="0.4.1")
     ap.add_argument("--second", default="hf", help="hf, or a vLLM version sharing the torch of the first")
     ap.add_argument("--out", default=str(HERE / "build_speed.json"))
-    ap.add_argument("--keep", action="store_true", help="keep the images built")
+    ap.add_argument("--keep", action="store_true", help="keep the images built and the build cache")
     args = ap.parse_args(argv)
 
     from envbuild.base import bootstrap
@@ -181,6 +181,7 @@ def main(argv=None) -> int:
     finally:
         if not args.keep:
             engine.remove(*images, force=True)
+            _prune_own_cache(engine)
         out["work"] = str(work)
 
     n, e, s2 = out["naive"], out["envbuild"], out["second"]
@@ -218,6 +219,17 @@ def _prune_uv_cache(engine) -> None:
     engine.prune_cache(ids)
     left = [e for e in engine.cache_entries() if e["ID"] in ids]
     assert not left, f"could not empty the download cache: {left}"
+
+
+def _prune_own_cache(engine) -> None:
+    """Drop the build cache this benchmark made (envbuild's steps, the naive install) and only
+    that; children go before parents, so a few passes."""
+    for _ in range(6):
+        ids = [e["ID"] for e in engine.cache_entries() if e.get("InUse") != "true" and
+               any(k in e.get("Description", "") for k in ("/opt/envbuild/", "/tmp/lock.txt", "envbuild_probe"))]
+        if not ids:
+            return
+        engine.prune_cache(ids)
 
 
 if __name__ == "__main__":

@@ -586,6 +586,12 @@ def run(args) -> int:
     tty = sys.stdout.isatty()
     prog_cls = RichProgress if tty else PlainProgress
     stop = threading.Event()
+    # A kill (SIGTERM) takes the same path as Ctrl-C: running builds are stopped, records kept.
+    import signal
+
+    def _term(signum, frame):
+        raise KeyboardInterrupt
+    old_term = signal.signal(signal.SIGTERM, _term)
     with prog_cls(pl.combos) as prog:
         prog.message(f"envbuild build: {len(pl.combos)} combination(s), -j {opts.jobs}, {engine.describe()}")
         builder = Builder(opts, engine, lock_fn=_lock_adapter(m, meta), render_fn=_render_adapter(),
@@ -593,7 +599,10 @@ def run(args) -> int:
                           probe_fn=probe_fn, progress=prog, stop=stop)
         for c in pl.combos:
             prog.update(c.id, "queued")
-        records, interrupted = run_all(builder, pl.combos, opts.jobs)
+        try:
+            records, interrupted = run_all(builder, pl.combos, opts.jobs)
+        finally:
+            signal.signal(signal.SIGTERM, old_term)
     return summarize(records, opts, interrupted, len(pl.combos))
 
 

@@ -350,3 +350,19 @@ def test_summary_prints_where_images_and_results_are(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "images: envbuild/verl" in out and str(tmp_path / "results" / "records") in out
     assert recs[0].image["ref"] in out
+
+
+def test_rich_progress_renders_states_and_steps(tmp_path):
+    import io
+
+    stream = io.StringIO()
+    combos = [combo(), combo("hf", "")]
+    eng = FakeEngine({"vllm": lambda call, on_line, stop: _replay(BUILDKIT_FAIL_COMPILE, on_line, ok=False)})
+    b = make_builder(tmp_path, eng)
+    with B.RichProgress(combos, stream=stream) as prog:
+        b.progress = prog
+        recs, _ = B.run_all(b, combos, 2)
+    out = stream.getvalue()
+    assert combo().id in out and combo("hf", "").id in out
+    assert prog.rows[combo().id][0] == "fail" and prog.rows[combo("hf", "").id][0] == "ok"
+    assert prog.rows[combo().id][1] == "compile-failure"

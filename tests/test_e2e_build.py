@@ -218,4 +218,4 @@ def _delete_repo(repo: str) -> None:
             pass
     cfg = Path(os.environ.get("ENVBUILD_STATE_DIR", "/var/lib/envbuild-services")) / "registry.yml"
     if cfg.is_file() and shutil.which("docker-registry"):
-        subprocess.run(["docker-registry", "garbage-collect", "--delete-untagged", str(cfg)], capture_output=True)
+        subprocess.run(["docker-registry", "garbage-collect", str(cfg)], capture_output=True)
