@@ -279,8 +279,8 @@ def fold_combo(records: list) -> dict:
 def fold(records) -> list[dict]:
     by_combo: dict[str, list] = {}
     for r in records:
-        cid = (r.combo or {}).get("id")
-        if cid:
+        cid = r.combo.get("id") if isinstance(r.combo, dict) else None
+        if isinstance(cid, str) and cid:  # a record without a combination id is not a row
             by_combo.setdefault(cid, []).append(r)
     return [fold_combo(by_combo[c]) for c in sorted(by_combo)]
 

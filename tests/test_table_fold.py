@@ -224,6 +224,13 @@ def test_record_order_on_disk_does_not_matter():
     assert fold_combo([b, a])["status"] == fold_combo([a, b])["status"] == "broken"
 
 
+def test_records_without_a_combination_are_skipped():
+    from envbuild.record import Record
+    odd = [Record(combo="x", stage="probe", status="ok"), Record(combo={}, stage="probe", status="ok")]
+    assert fold(odd + [rec(C, passed("env"), img=image(C), run=1)])[0]["id"] == C["id"]
+    assert len(fold(odd)) == 0
+
+
 def test_fold_groups_by_combination_and_sorts():
     c2 = combo(verl="0.5.0")
     rows = fold([rec(c2, passed("env"), img=image(c2), run=1), rec(C, passed("env"), img=image(C), run=2)])
