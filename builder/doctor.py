@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .verl_config import VerlConfig, build_config
+from .verl_config import KNOWN, VerlConfig, build_config
 
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
 GROUPS = ("config", "grpo", "fsdp", "data", "output", "ray", "env")
@@ -67,6 +67,18 @@ def _as_list(v: Any) -> list:
     if v is None or v == "":
         return []
     return list(v) if isinstance(v, (list, tuple)) else [v]
+
+
+def _num(cfg: VerlConfig, key: str, default: float, kind=int):
+    """A numeric setting; a value of the wrong type falls back to the default (config.keys and verl
+    itself report the type; doctor's other checks should still run)."""
+    v = cfg.get(key)
+    if isinstance(v, bool) or v is None:
+        return default
+    try:
+        return kind(v)
+    except (TypeError, ValueError):
+        return default
 
 
 def _truthy(v: Any) -> bool:
@@ -118,17 +130,41 @@ def model_facts(path: Any) -> dict | None:
 
 
 def check_config(cfg: VerlConfig, opt: Options) -> list[Result]:
+    return [_unknown_keys(cfg), _value_types(cfg)]
+
+
+def _value_types(cfg: VerlConfig) -> Result:
+    """Booleans and numbers given as something else. A quoted "False" in a YAML file is a non-empty
+    string, which verl's `if config.use_kl_loss:` reads as True: silent, and the opposite of intended."""
+    bad = []
+    for key in cfg.explicit:
+        default, v = KNOWN.get(key), cfg.values.get(key)
+        if key in cfg.deleted or v is None or default is None or isinstance(default, (str, dict, list)):
+            continue
+        if isinstance(default, bool):
+            ok, want = isinstance(v, bool), "true/false"
+        else:  # int and float defaults take either (entropy_coeff: 0 -> 0.001)
+            ok, want = isinstance(v, (int, float)) and not isinstance(v, bool), "a number"
+        if not ok:
+            bad.append(f"{key}={v!r} (expects {want})")
+    if bad:
+        return Result("config", "config.types", WARN, f"{len(bad)} value(s) of the wrong type: " + "; ".join(bad),
+                      "write booleans and numbers unquoted (use_kl_loss=True, not 'True')", {"values": bad})
+    return Result("config", "config.types", PASS, "booleans and numbers have the types verl expects")
+
+
+def _unknown_keys(cfg: VerlConfig) -> Result:
     if not cfg.unknown:
-        return [Result("config", "config.keys", PASS, f"{len(cfg.explicit)} keys set, all known to verl's config")]
+        return Result("config", "config.keys", PASS, f"{len(cfg.explicit)} keys set, all known to verl's config")
     parts = []
     for u in cfg.unknown:
         hint = f" (did you mean {u.suggestion}?)" if u.suggestion else ""
         parts.append(f"{u.key}{hint}")
-    return [Result("config", "config.keys", WARN,
-                   f"{len(cfg.unknown)} key(s) not in verl's config: " + "; ".join(parts),
-                   "fix the spelling; verl refuses an unknown override, and ignores an unknown key in a config "
-                   "file. Write +key=value only for a key your verl version adds",
-                   {"unknown": [asdict(u) for u in cfg.unknown]})]
+    return Result("config", "config.keys", WARN,
+                  f"{len(cfg.unknown)} key(s) not in verl's config: " + "; ".join(parts),
+                  "fix the spelling; verl refuses an unknown override, and ignores an unknown key in a config "
+                  "file. Write +key=value only for a key your verl version adds",
+                  {"unknown": [asdict(u) for u in cfg.unknown]})
 
 
 # --------------------------------------------------------------------------- GRPO
@@ -222,9 +258,9 @@ def _responses_vs_memory(cfg: VerlConfig, opt: Options) -> Result:
         return Result("grpo", "grpo.responses", PASS, msg + "; no GPU visible to torch here, memory not compared",
                       details=details)
     per_gpu = min(g["total"] for g in gpus)
-    n_gpus = int(cfg.get("trainer.nnodes") or 1) * int(cfg.get("trainer.n_gpus_per_node") or len(gpus))
-    util = float(cfg.get("actor_rollout_ref.rollout.gpu_memory_utilization") or 0.5)
-    tp = int(cfg.get("actor_rollout_ref.rollout.tensor_model_parallel_size") or 1)
+    n_gpus = max(1, _num(cfg, "trainer.nnodes", 1) * _num(cfg, "trainer.n_gpus_per_node", len(gpus)))
+    util = _num(cfg, "actor_rollout_ref.rollout.gpu_memory_utilization", 0.5, float)
+    tp = max(1, _num(cfg, "actor_rollout_ref.rollout.tensor_model_parallel_size", 1))
     details.update({"gpus": gpus, "gpu_count_config": n_gpus, "gpu_memory_utilization": util})
     msg += f"; {len(gpus)} x {gpus[0]['name']} {_gib(per_gpu)} here, rollout may use {util} of each"
     facts = model_facts(cfg.get("actor_rollout_ref.model.path"))
@@ -536,8 +572,8 @@ ray.shutdown()
 
 def check_ray(cfg: VerlConfig, opt: Options) -> list[Result]:
     out: list[Result] = []
-    nnodes = int(cfg.get("trainer.nnodes") or 1)
-    per_node = int(cfg.get("trainer.n_gpus_per_node") or 0)
+    nnodes = _num(cfg, "trainer.nnodes", 1)
+    per_node = _num(cfg, "trainer.n_gpus_per_node", 0)
     want = f"trainer.nnodes={nnodes} x n_gpus_per_node={per_node}"
     addr, src = ray_address(cfg)
     if not addr or addr == "local":
@@ -598,7 +634,7 @@ def rollout_ports(cfg: VerlConfig) -> tuple[str, list[int]]:
     rank at port 30000 + rank; vLLM and HF rollouts pick free ports at run time."""
     name = str(cfg.get("actor_rollout_ref.rollout.name") or "")
     if name.startswith("sglang"):
-        per_node = int(cfg.get("trainer.n_gpus_per_node") or 1)
+        per_node = max(1, _num(cfg, "trainer.n_gpus_per_node", 1))
         return name, list(range(30000, 30000 + per_node))
     return name, []
 

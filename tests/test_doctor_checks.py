@@ -144,3 +144,15 @@ def test_unknown_keys_warn_in_one_line():
     r = check_config(build_config(None, ["trainer.n_gpu_per_node=8"]), Options())[0]
     assert r.status == WARN and "did you mean trainer.n_gpus_per_node?" in r.reason and "\n" not in r.reason
     assert check_config(build_config(None, ["trainer.n_gpus_per_node=8"]), Options())[0].status == PASS
+
+
+def test_quoted_booleans_and_numbers_warn(tmp_path):
+    f = tmp_path / "run.yaml"
+    f.write_text("actor_rollout_ref:\n  actor:\n    use_kl_loss: 'False'\n    entropy_coeff: 0.001\n"
+                 "trainer:\n  nnodes: '2'\n  logger: console\n")
+    r = {x.name: x for x in check_config(build_config(str(f), ["data.train_batch_size=64"]), Options())}
+    assert r["config.types"].status == WARN
+    assert r["config.types"].details["values"] == ["actor_rollout_ref.actor.use_kl_loss='False' (expects true/false)",
+                                                   "trainer.nnodes='2' (expects a number)"]
+    ok = check_config(build_config(None, ["actor_rollout_ref.actor.entropy_coeff=0.001", "trainer.nnodes=2"]), Options())
+    assert [x.status for x in ok] == [PASS, PASS]
