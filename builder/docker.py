@@ -375,7 +375,8 @@ def run_logged(argv: list[str], log_path: str | os.PathLike, *, env: dict | None
 
 
 def _kill(proc: subprocess.Popen) -> None:
-    # The docker client closing its session makes BuildKit cancel the solve.
+    # The docker client closing its session makes BuildKit cancel the solve. SIGINT first (the
+    # client's clean cancel), harder signals if it lingers, then whatever is left of its group.
     for sig, wait in ((signal.SIGINT, 5), (signal.SIGTERM, 5), (signal.SIGKILL, 5)):
         try:
             os.killpg(proc.pid, sig)
@@ -383,6 +384,10 @@ def _kill(proc: subprocess.Popen) -> None:
             return
         try:
             proc.wait(timeout=wait)
-            return
+            break
         except subprocess.TimeoutExpired:
             continue
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # stragglers would hold the output pipe open
+    except ProcessLookupError:
+        pass

@@ -100,9 +100,19 @@ def test_run_logged_keeps_log_and_tail(tmp_path):
 def test_run_logged_timeout_kills_the_process_group(tmp_path):
     t = time.monotonic()
     # a child that ignores nothing but would outlive its parent if only the parent were killed
-    r = D.run_logged(["sh", "-c", "sleep 60 & sleep 60"], tmp_path / "t.log", timeout=1)
+    pidfile = tmp_path / "bg.pid"
+    r = D.run_logged(["sh", "-c", f"sleep 60 & echo $! > {pidfile}; sleep 60"], tmp_path / "t.log", timeout=1)
     assert r.timed_out and not r.ok and time.monotonic() - t < 20
     assert "timed out after 1s" in (tmp_path / "t.log").read_text()
+    bg = int(pidfile.read_text())
+    for _ in range(50):  # the background child is gone too (reaped by init shortly after)
+        try:
+            os.kill(bg, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"background child {bg} outlived the timeout")
 
 
 def test_run_logged_stop_event_interrupts(tmp_path):

@@ -66,7 +66,7 @@ def cli(*args, env=None, timeout=3600):
 
 
 def host_only_certs(engine, image: str, bundle: Path) -> list[bytes]:
-    """Certificates of the build machine's bundle that the image's own distribution bundle lacks
+    """Certificates of the build machine's bundle that the base image's distribution bundle lacks
     (the intercepting proxy's CA, when there is one): they must never show up in a layer."""
     p = subprocess.run([engine.client, "run", "--rm", "--network", "host", "--entrypoint", "cat", image,
                         "/etc/ssl/certs/ca-certificates.crt"], capture_output=True, check=True)
@@ -167,12 +167,16 @@ def test_build_push_pull_and_no_secret_in_layers(services, base, tmp_path):
 
         # no secret in any layer, the config or `docker history`
         needles = [marker.encode(), token.encode()]
-        needles += [c[:64] for c in host_only_certs(engine, vllm.image["ref"], host_bundle)]
+        for c in host_only_certs(engine, base, host_bundle):  # vs the distribution's bundle in the base
+            needles += [c[:64], c[-100:-36]]  # its serial number and its signature: unique to it
         for r in (vllm, hf):
             hist = engine.history(r.image["ref"]) + json.dumps(engine.inspect(r.image["ref"]))
             assert marker not in hist and token not in hist
             assert all(n.decode() not in hist.replace("\n", "") for n in needles)
-            hits = scan_layers(engine, r.image["ref"], needles)
+            # a positive control: the torch lock's header is in a layer, so the scan does read files
+            control = b"# envbuild torch layer"
+            hits = scan_layers(engine, r.image["ref"], [control, *needles])
+            assert hits.pop(control.decode()) > 0
             assert not any(hits.values()), hits
         for p in results.rglob("*"):
             if p.is_file():
