@@ -36,7 +36,9 @@ GRPO_FAMILY = {"grpo", "grpo_passk", "grpo_vectorized"}
 KL_TYPES = re.compile(r"^(kl|k1|abs|mse|k2|low_var_kl|k3|full)\+?$")
 # Columns verl's RLHFDataset and default reward managers read, besides the prompt column.
 READ_COLUMNS = ("reward_model", "extra_info")
-DOMINATED = 0.5  # a column more than half null/empty carries no signal for the trainer
+DOMINATED = 0.5
+# Keys whose verl type is a union (FSDP2's reshard_after_forward: True, False or an int).
+MIXED_TYPES = {"reshard_after_forward"}  # a column more than half null/empty carries no signal for the trainer
 GiB = 1 << 30
 
 
@@ -87,6 +89,13 @@ def _truthy(v: Any) -> bool:
 
 def local_gpus() -> list[dict] | None:
     """GPUs torch sees here: [{'name', 'total'}]; None when torch is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return None
+    # No GPU device node (NVIDIA, ROCm, WSL): skip importing torch, which alone takes seconds.
+    if not any(os.path.exists(d) for d in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")):
+        return []
     try:
         import torch
     except Exception:
@@ -139,7 +148,8 @@ def _value_types(cfg: VerlConfig) -> Result:
     bad = []
     for key in cfg.explicit:
         default, v = KNOWN.get(key), cfg.values.get(key)
-        if key in cfg.deleted or v is None or default is None or isinstance(default, (str, dict, list)):
+        if (key in cfg.deleted or v is None or default is None or isinstance(default, (str, dict, list))
+                or key.rpartition(".")[2] in MIXED_TYPES):
             continue
         if isinstance(default, bool):
             ok, want = isinstance(v, bool), "true/false"

@@ -154,5 +154,6 @@ def test_quoted_booleans_and_numbers_warn(tmp_path):
     assert r["config.types"].status == WARN
     assert r["config.types"].details["values"] == ["actor_rollout_ref.actor.use_kl_loss='False' (expects true/false)",
                                                    "trainer.nnodes='2' (expects a number)"]
-    ok = check_config(build_config(None, ["actor_rollout_ref.actor.entropy_coeff=0.001", "trainer.nnodes=2"]), Options())
+    ok = check_config(build_config(None, ["actor_rollout_ref.actor.entropy_coeff=0.001", "trainer.nnodes=2",
+                                        "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=2"]), Options())
     assert [x.status for x in ok] == [PASS, PASS]
