@@ -307,7 +307,8 @@ def check_fsdp(cfg: VerlConfig, opt: Options) -> list[Result]:
     a_param, a_opt = _truthy(cfg.get(a + "param_offload")), _truthy(cfg.get(a + "optimizer_offload"))
     a_policy = _truthy(cfg.get(a + "offload_policy"))
     r_param = _truthy(cfg.get(r + "param_offload"))
-    needs_ref = _truthy(cfg.get("actor_rollout_ref.actor.use_kl_loss")) or _truthy(cfg.get("algorithm.use_kl_in_reward"))
+    needs_ref = (_truthy(cfg.get("actor_rollout_ref.actor.use_kl_loss"))
+                 or _truthy(cfg.get("algorithm.use_kl_in_reward")))
     out = []
     if not needs_ref:
         out.append(Result("fsdp", "fsdp.ref_offload", SKIP, "no KL term: the reference model is not used"))
@@ -369,7 +370,7 @@ def check_parquet(path: str, key: str, prompt_key: str, reward_key: str, cfg: Ve
     name = f"{key}[{path}]"
     if re.match(r"^[a-z][a-z0-9+]*://", path):
         return Result("data", name, SKIP, f"remote path {path} not checked here", "")
-    p = Path(path).expanduser()
+    p = Path(path).expanduser().absolute()  # verl resolves relative paths against its working directory
     if not p.exists():
         return Result("data", name, FAIL, f"{p} does not exist", f"fix {key} or create the file")
     if p.is_dir():
@@ -400,9 +401,13 @@ def check_parquet(path: str, key: str, prompt_key: str, reward_key: str, cfg: Ve
         return Result("data", name, FAIL, f"{p} has no column {prompt_key!r} (data.prompt_key); columns: {cols}",
                       fix, details)
     read = [prompt_key] + [c for c in (reward_key, *READ_COLUMNS) if c in cols and c != prompt_key]
-    empty = _empty_fractions(pf, read)
+    try:
+        empty = _empty_fractions(pf, read)
+        details["sample"] = _sample(pf, read)
+    except Exception as e:  # a valid footer over corrupt pages: verl would fail mid-epoch
+        return Result("data", name, FAIL, f"{p}: rows cannot be read: {str(e).splitlines()[0][:200]}",
+                      "regenerate the file", details)
     details["empty_fraction"] = empty
-    details["sample"] = _sample(pf, read)
     problems = [f"{c} {empty[c]:.0%} null/empty" for c in read if empty[c] > DOMINATED]
     summary = f"{rows} rows, columns {cols}"
     if problems:
@@ -708,7 +713,8 @@ def run_probe(engine: str, opt: Options) -> Result:
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=opt.probe_timeout)
         except subprocess.TimeoutExpired:
-            return Result("env", "env.probe", FAIL, f"probe (env + contract) did not finish in {opt.probe_timeout:.0f}s",
+            return Result("env", "env.probe", FAIL,
+                          f"probe (env + contract) did not finish in {opt.probe_timeout:.0f}s",
                           "run `python -m envbuild.probe --level contract --engine ...` by hand to see where")
         try:
             v = json.loads(out_json.read_text())
@@ -851,8 +857,9 @@ def run(args) -> int:
     results = diagnose(cfg, opt, set(args.skip))
     failed = any(r.status == FAIL for r in results)
     if args.json:
-        json.dump({"ok": not failed, "counts": _counts(results), "checks": [asdict(r) for r in results]},
-                  sys.stdout, indent=2, default=str)
+        given = {k: cfg.get(k) for k in cfg.explicit if k not in cfg.deleted}  # what the user set, resolved
+        json.dump({"ok": not failed, "counts": _counts(results), "checks": [asdict(r) for r in results],
+                   "config": given}, sys.stdout, indent=2, default=str)
         print()
     else:
         print_report(results)

@@ -89,7 +89,8 @@ VERL_DEFAULTS: dict[str, Any] = {
             "fsdp_config": dict(_FSDP), "megatron": {}, "profiler": {}, "router_replay": {}, "qat": {},
         },
         "ref": {
-            "strategy": "${actor_rollout_ref.actor.strategy}", "rollout_n": "${oc.select:actor_rollout_ref.rollout.n,1}",
+            "strategy": "${actor_rollout_ref.actor.strategy}",
+            "rollout_n": "${oc.select:actor_rollout_ref.rollout.n,1}",
             "use_torch_compile": "${oc.select:actor_rollout_ref.actor.use_torch_compile,true}",
             "log_prob_micro_batch_size": None, "log_prob_micro_batch_size_per_gpu": None,
             "log_prob_use_dynamic_bsz": "${oc.select:actor_rollout_ref.actor.use_dynamic_bsz,false}",

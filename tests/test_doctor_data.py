@@ -87,7 +87,8 @@ def test_some_nulls_and_string_prompts_warn(tmp_path):
     cols["prompt"] = [f"question {i}" for i in range(10)]
     r = parquet_check(write(tmp_path / "str.parquet", cols), "data.train_batch_size=2")
     assert r.status == WARN and "not a list of chat messages" in r.reason
-    r = parquet_check(write(tmp_path / "bare.parquet", {"prompt": good_columns(4)["prompt"]}), "data.train_batch_size=2")
+    bare = write(tmp_path / "bare.parquet", {"prompt": good_columns(4)["prompt"]})
+    r = parquet_check(bare, "data.train_batch_size=2")
     assert r.status == WARN and "data_source" in r.reason
 
 
@@ -209,6 +210,7 @@ def test_cli_end_to_end_exit_status_and_json(tmp_path, run_cli):
     assert p.returncode == 0, p.stdout + p.stderr
     out = json.loads(p.stdout)
     assert out["ok"] is True and out["counts"]["fail"] == 0
+    assert out["config"]["actor_rollout_ref.rollout.n"] == 4 and out["config"]["data.val_files"] is None
     names = {c["name"]: c for c in out["checks"]}
     assert names[f"data.train_files[{good}]"]["details"]["rows"] == 16
     assert names["trainer.default_local_dir"]["status"] == PASS
@@ -219,3 +221,13 @@ def test_cli_end_to_end_exit_status_and_json(tmp_path, run_cli):
     p = run_cli(*[a for a in args if a != "--json"], f"data.val_files={empty}")  # human output
     assert p.returncode == 1 and "FAIL  data.val_files" in p.stdout and "sample prompt:" in p.stdout
     assert p.stdout.strip().splitlines()[-1].startswith("envbuild doctor: 1 fail")
+
+
+def test_corrupt_pages_behind_a_valid_footer_fail(tmp_path):
+    p = write(tmp_path / "t.parquet", good_columns(2000))
+    raw = bytearray(p.read_bytes())
+    for i in range(100, len(raw) // 2):  # trash the data pages, keep magic bytes and footer
+        raw[i] = 0xFF
+    p.write_bytes(bytes(raw))
+    r = parquet_check(p, "data.train_batch_size=2")
+    assert r.status == FAIL and "rows cannot be read" in r.reason
