@@ -1,5 +1,6 @@
 """verl config handling for `envbuild doctor`: Hydra-style values, merging, unknown keys, interpolation."""
 
+import json
 import math
 
 import pytest
@@ -105,3 +106,20 @@ def test_bad_yaml_file_names_file_and_line(tmp_path):
         build_config(str(tmp_path / "list.yaml"), [])
     with pytest.raises(InputError, match="No such file"):
         build_config(str(tmp_path / "missing.yaml"), [])
+
+
+def test_cli_config_file_and_bad_input(tmp_path, run_cli):
+    f = tmp_path / "run.yaml"
+    f.write_text("algorithm:\n  adv_estimator: grpo\nactor_rollout_ref:\n  rollout:\n    nn: 8\n")
+    only_config = [g for x in ("grpo", "fsdp", "data", "output", "ray", "env") for g in ("--skip", x)]
+    p = run_cli("doctor", "--config", f, *only_config, "--json", "--", "trainer.nnodes=1")
+    assert p.returncode == 0, p.stderr
+    keys = [c for c in json.loads(p.stdout)["checks"] if c["name"] == "config.keys"][0]
+    assert keys["status"] == "warn" and keys["details"]["unknown"] == [
+        {"key": "actor_rollout_ref.rollout.nn", "source": str(f), "suggestion": "actor_rollout_ref.rollout.n"}]
+    p = run_cli("doctor", "--", "data.train_batch_size=1,2")
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.strip() == ("envbuild doctor: command line: data.train_batch_size='1,2': comma-separated values "
+                                "are a Hydra sweep; write a list as [a,b] or quote the string")
+    p = run_cli("doctor", "--config", tmp_path / "nope.yaml")
+    assert p.returncode == 2 and "nope.yaml" in p.stderr and "Traceback" not in p.stderr
