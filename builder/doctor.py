@@ -812,6 +812,9 @@ def check_table(opt: Options, engine: str, versions: dict) -> Result:
             if failed:
                 return Result("env", "env.table", FAIL, f"{label} is in the table as broken at {failed}",
                               "switch to a verified combination (`envbuild pick`)", d)
+            if passed and opt.insecure:  # unsigned evidence is worth a note, not a pass
+                return Result("env", "env.table", WARN, f"{label} passed {passed} in a table whose signature was "
+                              "NOT checked (--insecure)", "drop --insecure and pass --pubkey", d)
             if passed:
                 return Result("env", "env.table", PASS, f"{label} verified in the signed table at {passed}",
                               details=d)
@@ -845,7 +848,8 @@ def add_arguments(p) -> None:
     p.add_argument("--skip", action="append", default=[], choices=GROUPS, help="skip a group of checks (repeatable)")
     p.add_argument("--table", help="signed compatibility table (dir, compat.json, .dsse or URL)")
     p.add_argument("--pubkey", help="public key to verify the table with")
-    p.add_argument("--insecure", action="store_true", help="accept an unsigned table (not recommended)")
+    p.add_argument("--insecure", action="store_true",
+                   help="skip the table's signature check (a match is then a warning, never a pass)")
     p.add_argument("--probe-timeout", type=float, default=600.0, help="seconds for the probe (default 600)")
     p.add_argument("--ray-timeout", type=float, default=90.0, help="seconds for the Ray query (default 90)")
 

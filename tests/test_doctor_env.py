@@ -39,6 +39,11 @@ def test_verified_combination_passes(table):
                                       "torch": "2.8.0", "cuda": "128", "python": "3.11"}
 
 
+def test_insecure_table_match_is_only_a_warning(table):
+    r = check_table(Options(table=str(table["dir"] / "compat.json"), insecure=True), "vllm", HAVE)
+    assert r.status == WARN and "NOT checked" in r.reason
+
+
 def test_broken_and_absent_combinations(table):
     opt = Options(table=str(table["dir"]), pubkey=str(table["pub"]))
     r = check_table(opt, "vllm", {**HAVE, "vllm": "0.11.0"})
