@@ -41,6 +41,8 @@ def run(args: argparse.Namespace) -> Verdict:
                                     ("engine_version", args.expect_engine_version), ("verl", args.expect_verl)) if val}
     v = Verdict(level=args.level, engine=args.engine, expect=expect)
     upto = LEVELS[:LEVELS.index(args.level) + 1]
+    if "gpu" in upto:
+        _warm_cuda()
     try:
         from .env_level import run_env
         with v.timed("env"):
@@ -64,6 +66,24 @@ def run(args: argparse.Namespace) -> Verdict:
 # Offline and quiet: the probe must never reach a hub, and progress bars only clutter the logs.
 QUIET_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
              "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false", "TQDM_DISABLE": "1"}
+
+
+def _warm_cuda() -> None:
+    """Create the CUDA context and load cuBLAS in a thread while the levels below import their
+    modules: context creation is seconds of the gpu level's wall time, and needs no Python."""
+    import threading
+
+    def warm():
+        try:
+            import torch
+            if torch.cuda.is_available():
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))  # this thread only
+                x = torch.ones(64, 64, device="cuda")
+                (x @ x).sum().item()
+        except BaseException:
+            pass  # the gpu level reports whatever is wrong with CUDA
+
+    threading.Thread(target=warm, name="probe-cuda-warmup", daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> int:

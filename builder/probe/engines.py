@@ -120,18 +120,23 @@ class HFEngine:
         cfg = self.model.config
         self.eos = cfg.eos_token_id
         self.pad = cfg.pad_token_id if cfg.pad_token_id is not None else cfg.eos_token_id
+        from transformers import GenerationConfig
+        self.has_logits = hasattr(GenerationConfig(), "output_logits")
 
     def generate(self, prompts: list[list[int]], n: int, max_tokens: int, seed: int):
         torch = self.torch
         torch.manual_seed(seed)
         ids = torch.tensor(prompts, device=self.device)  # equal-length prompts: no padding
+        # Raw logits (output_logits, transformers >= 4.38) where available: logprobs of the model, as
+        # vLLM reports them. No logits processor is active (no min_new_tokens: it masks EOS at step 1).
+        kw = {"output_logits": True} if self.has_logits else {"output_scores": True}
         with torch.no_grad():
             out = self.model.generate(
                 input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
-                top_k=0, top_p=1.0, max_new_tokens=max_tokens, min_new_tokens=1, num_return_sequences=n,
-                output_scores=True, return_dict_in_generate=True, pad_token_id=self.pad, eos_token_id=self.eos)
+                top_k=0, top_p=1.0, max_new_tokens=max_tokens, num_return_sequences=n,
+                return_dict_in_generate=True, pad_token_id=self.pad, eos_token_id=self.eos, **kw)
         gen = out.sequences[:, ids.shape[1]:]
-        scores = torch.stack(out.scores, 1).float()  # [P*n, T, V]; raw logits (no warpers at T=1, k=0, p=1)
+        scores = torch.stack(out.logits if self.has_logits else out.scores, 1).float()  # [P*n, T, V]
         lp = torch.log_softmax(scores, -1).gather(-1, gen.unsqueeze(-1)).squeeze(-1)
         res = []
         for i in range(len(prompts)):
@@ -167,6 +172,10 @@ class VLLMEngine:
     def __init__(self, model_dir: str, device, dtype, seed: int, rank: int = 0, world: int = 1):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in-process: load_weights reaches it
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model pickles from 0.11
+        # external_launcher reads RANK/LOCAL_RANK from the environment (torchrun's); a plain process
+        # (world size 1) has none, and vLLM 0.24 then fails with KeyError: 'RANK'.
+        for k, val in (("RANK", rank), ("LOCAL_RANK", getattr(device, "index", None) or 0), ("WORLD_SIZE", world)):
+            os.environ.setdefault(k, str(val))
         from vllm import LLM, SamplingParams
         from vllm.engine.arg_utils import EngineArgs
         self.SamplingParams = SamplingParams

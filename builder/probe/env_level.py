@@ -58,6 +58,7 @@ def cuda_matches(seen: str | None, want: str) -> bool:
 
 
 def run_env(v: Verdict, expect: dict, engine: str) -> None:
+    pip_check = _start_pip_check()  # a separate process: runs while torch imports
     v.versions["python"] = platform.python_version()
     v.versions["glibc"] = "-".join(platform.libc_ver()) or None
     v.add("python", PASS, f"{sys.executable} {platform.python_version()}")
@@ -68,6 +69,7 @@ def run_env(v: Verdict, expect: dict, engine: str) -> None:
     except BaseException as e:  # a broken torch is the first thing a bad image shows
         c = classify_exception(e, engine)
         v.add("import-torch", c.status, c.detail, c.cause, time.perf_counter() - t0)
+        _check_pip(v, pip_check)
         return
     v.timings["import_torch"] = round(time.perf_counter() - t0, 4)
     v.versions["torch"] = torch.__version__
@@ -97,7 +99,7 @@ def run_env(v: Verdict, expect: dict, engine: str) -> None:
     v.add("cxx11-abi", PASS, f"torch._C._GLIBCXX_USE_CXX11_ABI={abi} (extensions must match; the contract "
                              "level checks their symbols)")
 
-    _check_pip(v)
+    _check_pip(v, pip_check)
 
     want_engine = expect.get("engine_version")
     dist = ENGINE_DIST[engine]
@@ -198,17 +200,31 @@ def _check_nccl(v: Verdict, torch) -> None:
           "nccl-mismatch" if problems else None, time.perf_counter() - t0)
 
 
-def _check_pip(v: Verdict) -> None:
-    t0 = time.perf_counter()
+def _start_pip_check():
     # Ask the metadata, never `import pip`: a failed import of pip flips setuptools' distutils shim
     # into pip mode, and a later `import setuptools` (verl -> pkg_resources) then dies on an assertion.
-    if dist_version("pip") is not None:
-        r = subprocess.run([sys.executable, "-m", "pip", "check", "--disable-pip-version-check"],
-                           capture_output=True, text=True, timeout=120, env={**os.environ, "PIP_NO_INPUT": "1"})
-        out = (r.stdout + r.stderr).strip()
-        problems = [] if r.returncode == 0 else [ln for ln in out.splitlines() if ln.strip()]
+    if dist_version("pip") is None:
+        return None  # uv-made environments have no pip
+    try:
+        return subprocess.Popen([sys.executable, "-m", "pip", "check", "--disable-pip-version-check"],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, "PIP_NO_INPUT": "1"}), time.perf_counter()
+    except OSError:
+        return None
+
+
+def _check_pip(v: Verdict, started) -> None:
+    t0 = time.perf_counter()
+    if started is not None:
+        proc, t0 = started
+        try:
+            out, _ = proc.communicate(timeout=180)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+        problems = [] if proc.returncode == 0 else [ln for ln in out.strip().splitlines() if ln.strip()]
         how = "pip check"
-    else:  # uv-made environments have no pip
+    else:
         problems, how = _own_pip_check(), "requirements of installed distributions"
     if problems is None:
         v.add("pip-check", SKIPPED, "neither pip nor packaging is installed", seconds=time.perf_counter() - t0)

@@ -16,9 +16,11 @@ from dataclasses import dataclass
 from .classify import classify_exception
 from .verdict import ERROR, FAIL, NEEDS_GPU, PASS, Verdict
 
-# |engine logprob - trainer logprob| per sampled token, trainer in fp32. Calibrated: see
-# bench/probe_gpu.json (H200) and the CPU run in tests/test_probe_gpu_level.py; about 4x the worst seen.
-TOLERANCE = {"bfloat16": {"max": 0.05, "mean": 0.01}, "float32": {"max": 2e-3, "mean": 2e-4}}
+# |engine logprob - trainer logprob| per sampled token, trainer in fp32, hf engine. Calibrated on the
+# H200 and on a CPU (bench/probe_gpu.json, 16 prompts x 8 x 48 tokens, 2 seeds): worst bf16 max 7.7e-3
+# (CPU 8.9e-3), mean 1.2e-3; fp32 max 9.5e-7, mean 1.6e-7. Tolerances are about 4x (bf16) and 10x
+# (fp32) the worst seen; the old weights sit ~0.27 away, so a missed push cannot pass.
+TOLERANCE = {"bfloat16": {"max": 0.04, "mean": 0.005}, "float32": {"max": 1e-5, "mean": 1e-6}}
 
 
 @dataclass
