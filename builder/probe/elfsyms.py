@@ -15,7 +15,7 @@ import subprocess
 from dataclasses import dataclass, field
 
 SHT_DYNSYM, SHT_DYNAMIC, SHT_GNU_VERNEED = 11, 6, 0x6FFFFFFE
-DT_NEEDED, DT_RPATH, DT_RUNPATH = 1, 15, 29
+DT_NEEDED, DT_SONAME, DT_RPATH, DT_RUNPATH = 1, 14, 15, 29
 STB_GLOBAL, STB_WEAK, STB_GNU_UNIQUE = 1, 2, 10
 
 # Mangled names in torch's namespaces (c10, at, torch, caffe2), incl. vtables/typeinfo, and
@@ -33,6 +33,7 @@ class ElfInfo:
     undefined: set[str] = field(default_factory=set)  # strong undefined symbols
     defined: set[str] = field(default_factory=set)  # exported (global/weak, defined) symbols
     needed: list[str] = field(default_factory=list)
+    soname: str | None = None
     runpath: list[str] = field(default_factory=list)
     verneed: dict[str, set[str]] = field(default_factory=dict)  # library -> required versions
 
@@ -77,6 +78,8 @@ def read_elf(path: str, want_defined: bool = True) -> ElfInfo:
                         break
                     if tag == DT_NEEDED:
                         info.needed.append(_cstr(buf, strtab + val))
+                    elif tag == DT_SONAME:
+                        info.soname = _cstr(buf, strtab + val)
                     elif tag in (DT_RPATH, DT_RUNPATH):
                         info.runpath += [p for p in _cstr(buf, strtab + val).split(":") if p]
             elif sh_type == SHT_GNU_VERNEED:

@@ -91,15 +91,20 @@ def torch_lib_dir() -> str | None:
     return os.path.join(list(spec.submodule_search_locations)[0], "lib")
 
 
-def torch_exports(lib_dir: str) -> set[str]:
+def torch_exports(lib_dir: str) -> tuple[set[str], set[str]]:
+    """Symbols exported by torch's libraries, and their SONAMEs: once torch is imported the loader
+    resolves a DT_NEEDED by SONAME too (torch's bundled libgomp-<hash>.so.1 answers libgomp.so.1)."""
     syms: set[str] = set()
+    sonames: set[str] = set()
     pkg = os.path.dirname(lib_dir)
     for p in glob.glob(os.path.join(lib_dir, "*.so*")) + glob.glob(os.path.join(pkg, "_C*.so")):
         try:
-            syms |= read_elf(p).defined
+            info = read_elf(p)
         except (NotElf, OSError):
             continue
-    return syms
+        syms |= info.defined
+        sonames |= {os.path.basename(p)} | ({info.soname} if info.soname else set())
+    return syms, sonames
 
 
 def _search_dirs(so_path: str, runpath: list[str], lib_dir: str | None) -> list[str]:
@@ -123,7 +128,7 @@ def _glibc() -> str | None:
 def check_extensions(dists: list[md.Distribution] | None = None) -> ExtReport:
     rep = ExtReport()
     lib_dir = torch_lib_dir()
-    exports = torch_exports(lib_dir) if lib_dir else set()
+    exports, loaded = torch_exports(lib_dir) if lib_dir else (set(), set())
     glibc = _glibc()
     missing_syms: list[tuple[str, str, str]] = []
     for d in dists if dists is not None else native_dists():
@@ -144,9 +149,9 @@ def check_extensions(dists: list[md.Distribution] | None = None) -> ExtReport:
                     missing_syms.append((name, rel, s))
             dirs = _search_dirs(i.path, i.runpath, lib_dir)
             for lib in i.needed:
-                if any(os.path.exists(os.path.join(dd, lib)) for dd in dirs) or _in_ld_cache(lib):
+                if lib in loaded or any(os.path.exists(os.path.join(dd, lib)) for dd in dirs) or _in_ld_cache(lib):
                     continue
-                if lib in {os.path.basename(x.path) for x in infos}:
+                if lib in {os.path.basename(x.path) for x in infos} | {x.soname for x in infos}:
                     continue
                 if DRIVER_LIBS.match(lib):  # the container runtime mounts the driver; never in an image
                     rep.driver_libs.add(lib)

@@ -1,0 +1,134 @@
+"""A deliberately broken environment is reported as such, with the cause named.
+
+The fake environment is a folder put on PYTHONPATH: a verl-shaped package whose engine-facing
+modules raise a real ImportError / need a GPU / need another engine, a native extension compiled
+here with gcc whose undefined torch symbol the installed torch lacks (and one that needs a CUDA
+runtime library that is nowhere), and a distribution with a requirement that is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import shutil
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+if not shutil.which("g++"):
+    pytest.skip("needs g++ to build the fake native extensions", allow_module_level=True)
+
+from envbuild.probe.elfsyms import is_torch_symbol, read_elf  # noqa: E402
+from envbuild.probe.extcheck import check_extensions  # noqa: E402
+
+BAD_CPP = "namespace c10 { void envbuild_probe_missing(int); }\nextern \"C\" void f() { c10::envbuild_probe_missing(1); }\n"
+GOOD_CPP = "namespace at { int get_num_threads(); }\nextern \"C\" int g() { return at::get_num_threads(); }\n"
+CUDA_CPP = "extern \"C\" int cudaRuntimeGetVersion(int*);\nextern \"C\" int h() { int v; return cudaRuntimeGetVersion(&v); }\n"
+
+
+def _gxx(out: Path, src: str, *extra: str) -> None:
+    cpp = out.with_suffix(".cpp")
+    cpp.write_text(src)
+    subprocess.run(["g++", "-shared", "-fPIC", "-o", str(out), str(cpp), *extra], check=True, capture_output=True)
+    cpp.unlink()
+
+
+def _dist(site: Path, name: str, files: list[str], requires: list[str]) -> Path:
+    di = site / f"{name}-0.1.dist-info"
+    di.mkdir()
+    meta = ["Metadata-Version: 2.1", f"Name: {name}", "Version: 0.1", *[f"Requires-Dist: {r}" for r in requires]]
+    (di / "METADATA").write_text("\n".join(meta) + "\n")
+    (di / "RECORD").write_text("".join(f"{f},,\n" for f in files))
+    return di
+
+
+def make_broken_site(root: Path) -> Path:
+    site = root / "site"
+    pkgs = {
+        "verl/__init__.py": "",
+        "verl/workers/__init__.py": "",
+        "verl/workers/rollout/__init__.py": "",
+        # API drift: a name the module needs is gone (a real ImportError)
+        "verl/workers/rollout/broken_rollout.py": "from json import envbuild_gone_api\n",
+        # verl 0.3's vllm_rollout did this at import: needs a GPU, not broken
+        "verl/workers/rollout/gpu_rollout.py": "import torch\ntorch.cuda.get_device_name()\n",
+        # another engine's module
+        "verl/workers/rollout/sglang_rollout.py": "import sglang\n",
+        "verl/workers/sharding_manager/__init__.py": "",
+        "verl/workers/sharding_manager/fsdp_fake.py": "X = 1\n",
+        "verl/utils/__init__.py": "",  # not engine-facing: never imported
+        "verl/utils/never.py": "raise RuntimeError('must not be imported')\n",
+        "fakeext/__init__.py": "",
+    }
+    for rel, text in pkgs.items():
+        p = site / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(textwrap.dedent(text))
+    _gxx(site / "fakeext" / "_bad.so", BAD_CPP)
+    _gxx(site / "fakeext" / "_good.so", GOOD_CPP)
+    stub = root / "stub"  # a CUDA runtime of a major that exists nowhere once the stub is gone
+    stub.mkdir()
+    _gxx(stub / "libcudart.so.99", "extern \"C\" int cudaRuntimeGetVersion(int* v) { *v = 99; return 0; }\n",
+         "-Wl,-soname,libcudart.so.99")
+    _gxx(site / "fakeext" / "_cuda.so", CUDA_CPP, f"-L{stub}", "-l:libcudart.so.99")
+    shutil.rmtree(stub)
+    _dist(site, "fakeext", ["fakeext/__init__.py", "fakeext/_bad.so", "fakeext/_good.so", "fakeext/_cuda.so"],
+          ["torch"])
+    _dist(site, "fakereq", [], ["envbuild-nonexistent-dependency>=1"])
+    return site
+
+
+@pytest.fixture(scope="module")
+def broken_site(tmp_path_factory):
+    return make_broken_site(tmp_path_factory.mktemp("broken"))
+
+
+def test_elf_reader_sees_what_nm_sees(broken_site):
+    bad = read_elf(str(broken_site / "fakeext" / "_bad.so"))
+    torch_syms = {s for s in bad.undefined if is_torch_symbol(s)}
+    assert torch_syms == {"_ZN3c1022envbuild_probe_missingEi"}
+    if shutil.which("nm"):
+        nm = subprocess.run(["nm", "-D", "--undefined-only", str(broken_site / "fakeext" / "_bad.so")],
+                            capture_output=True, text=True, check=True).stdout
+        assert "_ZN3c1022envbuild_probe_missingEi" in nm
+    cuda = read_elf(str(broken_site / "fakeext" / "_cuda.so"))
+    assert "libcudart.so.99" in cuda.needed
+    assert any(v.startswith("GLIBC_") for vs in cuda.verneed.values() for v in vs) or cuda.verneed == {}
+
+
+def test_extension_check_names_symbol_and_library(broken_site):
+    dist = md.PathDistribution(broken_site / "fakeext-0.1.dist-info")
+    rep = check_extensions([dist])
+    assert rep.scanned == {"fakeext": 3}
+    kinds = {(p.kind, p.file) for p in rep.problems}
+    assert kinds == {("undefined-symbol", "fakeext/_bad.so"), ("cuda-runtime-missing", "fakeext/_cuda.so")}
+    sym = next(p for p in rep.problems if p.kind == "undefined-symbol")
+    assert "envbuild_probe_missing" in sym.what
+    assert next(p for p in rep.problems if p.kind == "cuda-runtime-missing").what == "libcudart.so.99"
+    # the good extension's at::get_num_threads() is exported by the installed torch: no finding for it
+
+
+def test_probe_reports_broken_environment(broken_site):
+    from envbuild.probe_cmd import probe_here
+    v = probe_here(level="contract", engine="hf", expect={}, timeout=600,
+                   extra_env={"PYTHONPATH": str(broken_site), "CUDA_VISIBLE_DEVICES": ""})
+    checks = {c["name"]: c for c in v["checks"]}
+    assert v["status"] == "fail", v
+    c = checks["import:verl.workers.rollout.broken_rollout"]
+    assert (c["status"], c["cause"]) == ("fail", "import-error") and "envbuild_gone_api" in c["detail"]
+    c = checks["import:verl.workers.rollout.gpu_rollout"]
+    assert c["status"] == "needs-gpu", c
+    c = checks["import:verl.workers.rollout.sglang_rollout"]
+    assert (c["status"], c["cause"]) == ("not-applicable", "other-engine")
+    assert checks["import:verl.workers.sharding_manager.fsdp_fake"]["status"] == "pass"
+    assert not any("verl.utils" in n for n in checks)  # only engine-facing folders are imported
+    c = checks["native:undefined-symbol"]
+    assert c["status"] == "fail" and "fakeext/_bad.so" in c["detail"] and "envbuild_probe_missing" in c["detail"]
+    assert "_good.so" not in c["detail"]
+    c = checks["native:cuda-runtime-missing"]
+    assert c["status"] == "fail" and "libcudart.so.99" in c["detail"]
+    c = checks["pip-check"]
+    assert c["status"] == "fail" and "envbuild-nonexistent-dependency" in c["detail"]
+    assert v["runner"]["mode"] == "here" and v["runner"]["exit_code"] == 1

@@ -1,0 +1,75 @@
+"""Classification of real error messages (as broken stacks print them) and verdict folding."""
+
+import pytest
+
+from envbuild.probe.classify import classify_exception, classify_message
+from envbuild.probe.verdict import Verdict, overall_status
+
+CASES = [
+    # (message, engine, status, cause, must appear in detail)
+    ("ImportError: /opt/venv/lib/python3.11/site-packages/vllm/_C.abi3.so: undefined symbol: "
+     "_ZN3c106detail14torchCheckFailEPKcS2_jRKSs", "vllm", "fail", "undefined-symbol", "_ZN3c106detail14torchCheckFail"),
+    ("ImportError: libcudart.so.12: cannot open shared object file: No such file or directory", "vllm", "fail",
+     "cuda-runtime-missing", "libcudart.so.12"),
+    ("OSError: libnccl.so.2: cannot open shared object file: No such file or directory", "sglang", "fail",
+     "cuda-runtime-missing", "libnccl.so.2"),
+    ("ImportError: libcuda.so.1: cannot open shared object file: No such file or directory", "vllm", "needs-gpu",
+     "no-driver", "libcuda.so.1"),
+    ("RuntimeError: Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU and installed "
+     "a driver from http://www.nvidia.com/Download/index.aspx", "vllm", "needs-gpu", "needs-gpu", "driver"),
+    ("RuntimeError: Device string must not be empty", "vllm", "needs-gpu", "needs-gpu", "GPU"),
+    ("ImportError: /lib/x86_64-linux-gnu/libc.so.6: version `GLIBC_2.35' not found (required by "
+     "/opt/venv/lib/python3.11/site-packages/vllm/_C.abi3.so)", "vllm", "fail", "glibc-too-old", "GLIBC_2.35"),
+    ("ModuleNotFoundError: No module named 'sglang'", "vllm", "not-applicable", "other-engine", "sglang"),
+    ("ModuleNotFoundError: No module named 'sglang'", "sglang", "fail", "module-missing", "sglang"),
+    ("ModuleNotFoundError: No module named 'vllm'", "sglang", "not-applicable", "other-engine", "vllm"),
+    ("ModuleNotFoundError: No module named 'megatron'", "vllm", "not-applicable", "optional-backend", "megatron"),
+    ("ModuleNotFoundError: No module named 'vllm.worker.worker_base'", "vllm", "fail", "module-missing",
+     "vllm.worker.worker_base"),
+    ("ImportError: cannot import name 'ParallelConfig' from 'vllm.config' (/opt/venv/lib/python3.11/site-packages/"
+     "vllm/config.py)", "vllm", "fail", "import-error", "ParallelConfig"),
+    ("RuntimeError: CUDA error: no kernel image is available for execution on the device", "sglang", "fail",
+     "no-kernel-image", "architecture"),
+    ("ModuleNotFoundError: No module named 'pkg_resources'", "vllm", "fail", "module-missing", "pkg_resources"),
+]
+
+
+@pytest.mark.parametrize("msg,engine,status,cause,needle", CASES)
+def test_real_messages(msg, engine, status, cause, needle):
+    c = classify_message(msg, engine)
+    assert (c.status, c.cause) == (status, cause), c
+    assert needle in c.detail
+
+
+def test_undefined_symbol_is_demangled_when_cxxfilt_exists():
+    import shutil
+    if not shutil.which("c++filt"):
+        pytest.skip("no c++filt")
+    c = classify_message("undefined symbol: _ZN3c106detail14torchCheckFailEPKcS2_jRKSs", "vllm")
+    assert "c10::detail::torchCheckFail" in c.detail
+
+
+def test_exception_objects():
+    try:
+        import json_does_not_exist  # noqa: F401
+    except ImportError as e:
+        c = classify_exception(e, "vllm")
+    assert (c.status, c.cause) == ("fail", "module-missing") and "json_does_not_exist" in c.detail
+    c = classify_exception(ValueError("boom"), "hf")
+    assert c.status == "fail" and "ValueError: boom" in c.detail
+
+
+def test_overall_status_order():
+    assert overall_status(["pass", "not-applicable", "skipped"]) == "pass"
+    assert overall_status(["pass", "needs-gpu"]) == "needs-gpu"
+    assert overall_status(["needs-gpu", "fail", "pass"]) == "fail"
+    assert overall_status(["fail", "error"]) == "error"
+
+
+def test_verdict_dict_names_first_cause():
+    v = Verdict("contract", "vllm")
+    v.add("a", "pass")
+    v.add("b", "needs-gpu", cause="no-driver")
+    v.add("c", "fail", cause="undefined-symbol")
+    d = v.to_dict()
+    assert d["status"] == "fail" and d["cause"] == "undefined-symbol" and len(d["checks"]) == 3
