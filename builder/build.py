@@ -21,6 +21,8 @@ from typing import Callable
 from .errors import EnvbuildError, InfraError, InputError
 
 PROBE_LEVELS = ("none", "cpu", "gpu", "auto")
+# --probe X -> the probe's levels, in order (envbuild.probe_cmd: env, contract, gpu).
+PROBE_PLAN = {"cpu": ("env", "contract"), "gpu": ("env", "contract", "gpu")}
 CA_ENV = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
 DEFAULT_RESULTS = "results"
 DEFAULT_TIMEOUT = 3600
@@ -366,22 +368,27 @@ class Builder:
                 return finish("push", "error", "daemon-error", str(e))
             timings["push"] = round(time.monotonic() - t, 3)
 
-        # 5. probe
+        # 5. probe: the CPU levels, then the GPU level where asked; stop at the first that fails.
         if o.probe != "none":
             self.progress.update(cid, "probing")
             t = time.monotonic()
-            try:
-                verdict = self.probe_fn(content_ref, level=o.probe, engine=combo.engine,
-                                        expect=combo.to_dict(), timeout=o.timeout)
-            except InfraError as e:
-                return finish("probe", "error", e.cause, str(e))
-            timings["probe"] = round(time.monotonic() - t, 3)
-            rec.probe[verdict.get("level", o.probe)] = verdict
-            v = str(verdict.get("verdict", verdict.get("status", "ok"))).lower()
-            if v in ("fail", "broken", "failed"):
-                return finish("probe", "fail", verdict.get("cause") or "probe-failure", verdict.get("detail", ""))
-            if v in ("error",):
-                return finish("probe", "error", verdict.get("cause") or "probe-error", verdict.get("detail", ""))
+            for level in PROBE_PLAN[o.probe]:
+                self.progress.step(cid, f"probe {level}")
+                try:
+                    verdict = self.probe_fn(content_ref, level=level, engine=combo.engine,
+                                            expect=combo.to_dict(), timeout=None)
+                except InfraError as e:
+                    return finish("probe", "error", e.cause, str(e))
+                timings["probe"] = round(time.monotonic() - t, 3)
+                rec.probe[level] = verdict
+                v = str(verdict.get("status", "error")).lower()
+                if v in ("fail", "error", "timeout"):
+                    bad = [f"{c.get('name')}: {c.get('detail', '')}".strip() for c in verdict.get("checks", [])
+                           if c.get("status") in ("fail", "error", "timeout")]
+                    detail = f"probe level {level}: {v}\n" + "\n".join(bad)[-3000:]
+                    status = "fail" if v == "fail" else "error"
+                    cause = verdict.get("cause") or ("timeout" if v == "timeout" else f"probe-{v}")
+                    return finish("probe", status, cause, detail)
             return finish("probe", "ok")
         return finish("build", "ok")
 

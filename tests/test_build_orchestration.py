@@ -248,17 +248,34 @@ def test_lock_exception_and_internal_bug_are_recorded_not_fatal(tmp_path):
     assert (by[combo("hf", "").id].status, by[combo("hf", "").id].cause) == ("error", "internal-error")
 
 
-def test_probe_verdict_is_recorded(tmp_path):
-    seen = {}
+def test_probe_levels_run_in_order_and_stop_at_a_failure(tmp_path):
+    seen = []
 
     def probe(image, *, level, engine, expect, timeout):
-        seen.update(image=image, level=level, engine=engine)
-        return {"level": "env", "verdict": "fail", "cause": "abi-mismatch", "detail": "undefined symbol"}
+        seen.append((image, level, engine, expect["id"]))
+        if level == "contract" and engine == "vllm":
+            return {"level": level, "status": "fail", "cause": "abi-mismatch",
+                    "checks": [{"name": "imports", "status": "pass"},
+                               {"name": "native-extensions", "status": "fail", "detail": "undefined symbol _ZN3c10"}]}
+        return {"level": level, "status": "needs-gpu" if level == "contract" else "pass", "checks": []}
     b = make_builder(tmp_path, FakeEngine(), probe="cpu", probe_fn=probe)
+    recs, _ = B.run_all(b, [combo(), combo("hf", "")], 1)
+    by = {r.combo["id"]: r for r in recs}
+    bad, good = by[combo().id], by[combo("hf", "").id]
+    assert [s[1] for s in seen if s[2] == "vllm"] == ["env", "contract"]
+    assert all(s[0] == bad.image["ref"] for s in seen if s[2] == "vllm")
+    assert (bad.stage, bad.status, bad.cause) == ("probe", "fail", "abi-mismatch")
+    assert "native-extensions: undefined symbol _ZN3c10" in bad.detail and "imports" not in bad.detail
+    assert set(bad.probe) == {"env", "contract"}
+    # needs-gpu on a CPU host is not a failure
+    assert (good.stage, good.status) == ("probe", "ok") and set(good.probe) == {"env", "contract"}
+
+
+def test_probe_timeout_is_an_error(tmp_path):
+    b = make_builder(tmp_path, FakeEngine(), probe="gpu",
+                     probe_fn=lambda image, **kw: {"status": "timeout" if kw["level"] == "gpu" else "pass"})
     (r,), _ = B.run_all(b, [combo()], 1)
-    assert seen["level"] == "cpu" and seen["engine"] == "vllm" and seen["image"] == r.image["ref"]
-    assert (r.stage, r.status, r.cause) == ("probe", "fail", "abi-mismatch")
-    assert r.probe["env"]["verdict"] == "fail"
+    assert (r.stage, r.status, r.cause) == ("probe", "error", "timeout") and set(r.probe) == {"env", "contract", "gpu"}
 
 
 def test_ctrl_c_keeps_earlier_records_and_rerun_resumes(tmp_path):
