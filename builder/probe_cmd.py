@@ -122,14 +122,14 @@ def _finish(out_json: Path, rc: int | None, out: str, err: str, wall: float, lev
 
 def probe_image(image: str, *, level: str, engine: str, expect: dict, timeout: float | None = None,
                 docker: str = "docker", nproc: int = 1, gpus: bool | None = None, mount_probe: bool = True,
-                python: str = IMAGE_PYTHON) -> dict:
+                python: str = IMAGE_PYTHON, pull: str = "missing") -> dict:
     """Probe IMAGE in a throw-away container; returns the verdict dict (never raises for a broken stack)."""
     timeout = float(timeout or DEFAULT_TIMEOUT[level])
     exe = docker_exe(docker)
     name = f"envbuild-probe-{secrets.token_hex(5)}"
     with tempfile.TemporaryDirectory(prefix="envbuild-probe-") as tmp:
         os.chmod(tmp, 0o777)  # the image may run as another user
-        cmd = [exe, "run", "--rm", "--name", name, "--network", "host", "--read-only",
+        cmd = [exe, "run", "--rm", "--pull", pull, "--name", name, "--network", "host", "--read-only",
                "--tmpfs", "/tmp:rw,exec,size=4g", "--shm-size", "2g", "-e", "HOME=/tmp",
                "-e", f"PYTHONPATH={IMAGE_PROBE_PARENT}", "-e", "PYTHONDONTWRITEBYTECODE=1",
                "-v", f"{tmp}:/out", "--entrypoint", python]
