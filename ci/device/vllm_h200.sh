@@ -31,6 +31,9 @@ fi
 t1=$(date +%s.%N)
 mkdir -p /tmp/pp && ln -sfn "$PWD/builder/probe" /tmp/pp/envbuild_probe
 export PYTHONPATH=$site:/tmp/pp PYTHONUNBUFFERED=1
+# flashinfer is not carried (vLLM lists it, but for Qwen2 on Hopper it is only a fast path): without
+# this, vLLM 0.24 imports it for its top-p/top-k sampler at engine start (No module named 'flashinfer').
+export VLLM_USE_FLASHINFER_SAMPLER=${VLLM_USE_FLASHINFER_SAMPLER:-0}
 python3 - <<PY > "$out/carry.json"
 import json, os, subprocess
 w = "$wheels"
@@ -40,6 +43,7 @@ print(json.dumps({"wheels": {f: os.path.getsize(os.path.join(w, f)) for f in sor
 PY
 nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader,nounits -lms 200 > "$out/gpumem.csv" &
 smi=$!
+mkdir -p /tmp/probe-scratch
 python3 -m envbuild_probe --level gpu --engine vllm --expect-cuda 13.0 --json "$out/verdict.json" \
   --scratch /tmp/probe-scratch ${PROBE_ARGS:-} 2>&1 | tee "$out/probe.log"
 rc=${PIPESTATUS[0]}
