@@ -219,7 +219,8 @@ def run(args) -> int:
     return EXIT.get(v.get("status"), 2)
 
 
-def print_summary(v: dict, file=sys.stdout) -> None:
+def print_summary(v: dict, file=None) -> None:
+    file = file or sys.stdout
     for c in v.get("checks", []):
         if c["status"] not in ("pass", "not-applicable", "skipped"):
             first = (c.get("detail") or "").strip().splitlines()
