@@ -217,3 +217,22 @@ def test_ray_fanout_streams_verdicts_and_retries_lost_nodes(tmp_path, images):
     # Two selected combinations had no image: said. Exit 1: the fast image's verdict is a failure.
     assert "no image recorded" in out and cli.returncode == (1 if fast.status == "fail" else 3), out
     print(out)
+
+
+@pytest.mark.docker
+def test_ci_probe_records_the_verdict_of_the_recorded_image(tmp_path, images, run_cli):
+    """`envbuild ci probe` (the generated workflow's GPU step) probes the image the build record
+    names, on this machine, with the same record as the fan-out."""
+    vllm, _ = _combos()
+    results = tmp_path / "results"
+    write_record(results, Record(combo=vllm.to_dict(), stage="build", status="ok", image={"ref": FAST},
+                                 base={"kind": "bootstrap", "ref": "base"}, lock_hash="cd" * 32))
+    p = run_cli("ci", "probe", "--verl", "0.4.1", "--vllm", vllm.engine_version, "--cuda", "cu124",
+                "--results", results, "--levels", "contract,gpu", "--timeout", "120")
+    rec = next(r for r in iter_records(results) if r.stage == "probe")
+    v = rec.probe["contract"]
+    assert v["runner"]["image"] == FAST and v["status"] in ("fail", "needs-gpu", "pass")
+    # A failing contract level stops there: the gpu level of a broken stack is not run.
+    assert ("gpu" in rec.probe) == (v["status"] != "fail")
+    assert p.returncode == (1 if rec.status == "fail" else 0), p.stdout + p.stderr
+    assert f"{vllm.id}: {rec.status}" in p.stdout
