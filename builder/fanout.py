@@ -208,10 +208,24 @@ def _package_copy() -> str:
     return str(dst)
 
 
+def _check_reachable(address: str, timeout: float = 10.0) -> None:
+    """Fail in seconds, not minutes: ray.init retries an unreachable head for a long time."""
+    hostport = address.split("://")[-1]
+    if ":" not in hostport:
+        return  # "auto" and friends: Ray finds the address itself
+    host, port = hostport.rsplit(":", 1)
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except (OSError, ValueError) as e:
+        raise InfraError("ray-unreachable", f"no Ray head answers at {address}: {e}") from None
+
+
 def fan_out(address: str, jobs: list[ProbeJob], levels: list[str], results: str | os.PathLike, *,
             timeout: float | None = None, retries: int = DEFAULT_RETRIES, gpus: float = 1.0,
             ship_code: bool = True, say=print, deadline_s: float | None = None) -> list:
     """Probe every job on the cluster; write each record as it arrives. Returns the records."""
+    _check_reachable(address)
     kw = {}
     host = address.split("://")[-1].rsplit(":", 1)[0]
     if host in ("127.0.0.1", "localhost"):

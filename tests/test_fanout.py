@@ -236,3 +236,12 @@ def test_ci_probe_records_the_verdict_of_the_recorded_image(tmp_path, images, ru
     assert ("gpu" in rec.probe) == (v["status"] != "fail")
     assert p.returncode == (1 if rec.status == "fail" else 0), p.stdout + p.stderr
     assert f"{vllm.id}: {rec.status}" in p.stdout
+
+
+def test_unreachable_head_is_one_line_infra_error(tmp_path, run_cli):
+    vllm, _ = _combos()
+    write_record(tmp_path, Record(combo=vllm.to_dict(), stage="build", status="ok", image={"ref": FAST}))
+    p = run_cli("probe", "--ray", "127.0.0.1:1", "--verl", "0.4.1", "--vllm", vllm.engine_version,
+                "--cuda", "cu124", "--results", tmp_path, timeout=60)
+    assert p.returncode == 3 and "ray-unreachable" in p.stderr and "Traceback" not in p.stderr
+    assert not [r for r in iter_records(tmp_path) if r.stage == "probe"]  # nothing recorded: no verdict
