@@ -245,6 +245,10 @@ def fan_out(address: str, jobs: list[ProbeJob], levels: list[str], results: str 
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, logging_level="WARNING",
                  configure_logging=True, **kw)
     except (ConnectionError, RuntimeError, ValueError) as e:
+        if shipped:
+            import shutil
+
+            shutil.rmtree(Path(shipped).parent, ignore_errors=True)
         raise InfraError("ray-unreachable", f"cannot join the Ray cluster at {address}: {e}") from None
     records = []
     try:
