@@ -178,7 +178,12 @@ exit "$rc"
                 "runs-on": build_runner,
                 "timeout-minutes": 240,
                 "strategy": matrix_strategy,
-                "env": {**repo_env, "ENVBUILD_CACHE": "${{ vars.ENVBUILD_REPO }}-buildcache"},
+                # The bake file's secrets read these (empty: the runner's defaults); an index URL
+                # may carry credentials, so it comes from secrets, and never lands in a layer.
+                "env": {**repo_env, "ENVBUILD_CACHE": "${{ vars.ENVBUILD_REPO }}-buildcache",
+                        "ENVBUILD_INDEX_URL": "${{ secrets.ENVBUILD_INDEX_URL }}",
+                        "ENVBUILD_TORCH_INDEX_URL": "${{ secrets.ENVBUILD_TORCH_INDEX_URL }}",
+                        "ENVBUILD_CA_BUNDLE": "${{ secrets.ENVBUILD_CA_BUNDLE }}"},
                 "steps": _setup_steps() + [
                     {"uses": ACTIONS["buildx"]}, login,
                     {"name": "Build and push", "run": build_script, "env": row_env},
