@@ -57,7 +57,7 @@ def combo_selectors(c) -> str:
 
 
 def matrix_json(pl) -> dict:
-    return {"include": [{"id": c.id, "selectors": combo_selectors(c)} for c in pl.combos]}
+    return {"include": [{"id": c.id, "cuda": c.cuda, "selectors": combo_selectors(c)} for c in pl.combos]}
 
 
 # ---------------------------------------------------------------- GitHub Actions
@@ -96,9 +96,10 @@ echo "matrix=$matrix" >> "$GITHUB_OUTPUT"
 echo "count=$(printf '%s' "$matrix" | python -c 'import json,sys; print(len(json.load(sys.stdin)["include"]))')" >> "$GITHUB_OUTPUT"
 """
     # The row's selectors arrive through the environment, never pasted into the script.
-    row_env = {"SEL": "${{ matrix.selectors }}", "ID": "${{ matrix.id }}"}
+    row_env = {"SEL": "${{ matrix.selectors }}", "ID": "${{ matrix.id }}", "CUDA": "${{ matrix.cuda }}"}
     build_script = f"""set -euo pipefail
 read -ra sel <<< "$SEL"
+if [ -n "${{ENVBUILD_PYTORCH_INDEX:-}}" ]; then export "ENVBUILD_TORCH_INDEX_URL_$CUDA=$ENVBUILD_PYTORCH_INDEX/$CUDA"; fi
 # Lock + render, then bake: the shared layers (base+torch, +engine) come from the registry cache
 # that other jobs fill, so each job builds only what is new; --load hands the image to envbuild.
 if envbuild render{mx} "${{sel[@]}}" --base nvidia --out rendered --locks locks \\
@@ -182,7 +183,7 @@ exit "$rc"
                 # may carry credentials, so it comes from secrets, and never lands in a layer.
                 "env": {**repo_env, "ENVBUILD_CACHE": "${{ vars.ENVBUILD_REPO }}-buildcache",
                         "ENVBUILD_INDEX_URL": "${{ secrets.ENVBUILD_INDEX_URL }}",
-                        "ENVBUILD_TORCH_INDEX_URL": "${{ secrets.ENVBUILD_TORCH_INDEX_URL }}",
+                        "ENVBUILD_PYTORCH_INDEX": "${{ secrets.ENVBUILD_PYTORCH_INDEX }}",
                         "ENVBUILD_CA_BUNDLE": "${{ secrets.ENVBUILD_CA_BUNDLE }}"},
                 "steps": _setup_steps() + [
                     {"uses": ACTIONS["buildx"]}, login,
@@ -327,6 +328,12 @@ def bake_file(rendered: list[dict], repo_default: str, cache_default: str) -> di
         ctx = Path(r["context"])
         text = (ctx / "Dockerfile").read_text()
         stages = split_layers(text)
+        secrets = ["id=index-url,env=ENVBUILD_INDEX_URL", "id=ca-bundle,env=ENVBUILD_CA_BUNDLE"]
+        if 'torch-index="default"' not in text:
+            # torch for a variant that is not its release's default comes from the PyTorch index
+            # for that variant (envbuild.index.torch_source): one variable per variant, because
+            # one bake file may hold several variants.
+            secrets.append(f"id=torch-index-url,env=ENVBUILD_TORCH_INDEX_URL_{r['combo']['cuda']}")
         parent_target, parent_key = None, ""
         for name, ins in stages:
             srcs = _copied(ins)
@@ -338,9 +345,7 @@ def bake_file(rendered: list[dict], repo_default: str, cache_default: str) -> di
             if parent_target:
                 ins = [f"FROM envbuild-{parent_target[0]}"] + ins[1:] if ins and ins[0].startswith("FROM ") \
                     else [f"FROM envbuild-{parent_target[0]}"] + ins
-            t = {"context": str(ctx), "dockerfile-inline": "\n".join(ins) + "\n",
-                 "secret": ["id=index-url,env=ENVBUILD_INDEX_URL", "id=torch-index-url,env=ENVBUILD_TORCH_INDEX_URL",
-                            "id=ca-bundle,env=ENVBUILD_CA_BUNDLE"],
+            t = {"context": str(ctx), "dockerfile-inline": "\n".join(ins) + "\n", "secret": list(secrets),
                  "cache-from": [f"type=registry,ref=${{ENVBUILD_CACHE}}:{tname}"],
                  "cache-to": [f"type=registry,ref=${{ENVBUILD_CACHE}}:{tname},mode=max"]}
             if parent_target:

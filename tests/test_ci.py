@@ -207,6 +207,13 @@ def test_bake_file_matches_schema_and_graph(baked):
         assert (d / t["context"]).is_dir()
         for src in re.findall(r"^COPY (\S+) ", t["dockerfile-inline"], re.M):
             assert (d / t["context"] / src).exists(), (name, src)
+    # torch 2.6.0's cu124 wheel is on the default index or not (its metadata says): the PyTorch
+    # index secret appears exactly when it is needed.
+    from envbuild.index import Metadata
+
+    needs_pytorch_index = Metadata().default_cuda("2.6.0") != "cu124"
+    for t in targets.values():
+        assert any("torch-index-url,env=ENVBUILD_TORCH_INDEX_URL_cu124" in x for x in t["secret"]) == needs_pytorch_index
     # The shared layer: one base+torch target under all four combinations.
     torch_layers = [n for n in targets if n.startswith("layer-torch-")]
     assert len(torch_layers) == 1
