@@ -57,12 +57,12 @@ def gpu_present() -> bool:
 
 def probe_args(level: str, engine: str, expect: dict) -> list[str]:
     if level not in LEVELS:
-        raise EnvbuildError(f"probe: level={level!r}: not one of {', '.join(LEVELS)}")
+        raise EnvbuildError(f"level={level!r}: not one of {', '.join(LEVELS)}")
     if engine not in ENGINES:
-        raise EnvbuildError(f"probe: engine={engine!r}: not one of {', '.join(ENGINES)}")
+        raise EnvbuildError(f"engine={engine!r}: not one of {', '.join(ENGINES)}")
     unknown = set(expect) - set(EXPECT_KEYS)
     if unknown:
-        raise EnvbuildError(f"probe: expect has unknown key(s) {sorted(unknown)}; known: {', '.join(EXPECT_KEYS)}")
+        raise EnvbuildError(f"expect has unknown key(s) {sorted(unknown)}; known: {', '.join(EXPECT_KEYS)}")
     args = ["--level", level, "--engine", engine]
     for k in EXPECT_KEYS:
         if expect.get(k):
@@ -84,11 +84,12 @@ def _outcome(level: str, engine: str, expect: dict, status: str, cause: str, det
             "metrics": {}}
 
 
-def _run(cmd: list[str], timeout: float, env: dict | None, on_timeout) -> tuple[int | None, str, str, float]:
+def _run(cmd: list[str], timeout: float, env: dict | None, on_timeout,
+         cwd: str | None = None) -> tuple[int | None, str, str, float]:
     """Run in its own process group; on timeout kill the group (torchrun's children too)."""
     t0 = time.monotonic()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                         start_new_session=True)
+                         start_new_session=True, cwd=cwd)
     try:
         out, err = p.communicate(timeout=timeout)
         return p.returncode, out, err, time.monotonic() - t0
@@ -130,7 +131,7 @@ def probe_image(image: str, *, level: str, engine: str, expect: dict, timeout: f
     with tempfile.TemporaryDirectory(prefix="envbuild-probe-") as tmp:
         os.chmod(tmp, 0o777)  # the image may run as another user
         cmd = [exe, "run", "--rm", "--pull", pull, "--name", name, "--network", "host", "--read-only",
-               "--tmpfs", "/tmp:rw,exec,size=4g", "--shm-size", "2g", "-e", "HOME=/tmp",
+               "--tmpfs", "/tmp:rw,exec,size=4g", "--shm-size", "2g", "-e", "HOME=/tmp", "-w", "/tmp",
                "-e", f"PYTHONPATH={IMAGE_PROBE_PARENT}", "-e", "PYTHONDONTWRITEBYTECODE=1",
                "-v", f"{tmp}:/out", "--entrypoint", python]
         if mount_probe:
@@ -170,7 +171,8 @@ def probe_here(*, level: str, engine: str, expect: dict, timeout: float | None =
         env["PYTHONPATH"] = os.pathsep.join(p for p in (tmp, env.get("PYTHONPATH")) if p)
         out_json = Path(tmp) / "verdict.json"
         cmd = [*_launcher(python, nproc), *probe_args(level, engine, expect), "--json", str(out_json)]
-        rc, out, err, wall = _run(cmd, timeout, env, lambda p: None)
+        # cwd: `python -m` puts it first on sys.path; a source checkout there would leak into the probe
+        rc, out, err, wall = _run(cmd, timeout, env, lambda p: None, cwd=tmp)
         return _finish(out_json, rc, out, err, wall, level, engine, expect, timeout,
                        {"mode": "here", "python": python, "cmd": cmd})
 
@@ -179,6 +181,8 @@ def probe_here(*, level: str, engine: str, expect: dict, timeout: float | None =
 def add_arguments(p) -> None:
     p.add_argument("image", nargs="?", help="image to probe (omit with --here)")
     p.add_argument("--here", action="store_true", help="probe the current Python environment, no Docker")
+    p.add_argument("--python-exe", metavar="PATH",
+                   help="with --here: probe the environment of this interpreter (default: the current one)")
     p.add_argument("--level", choices=LEVELS, default="contract", help="a level includes the levels below it")
     p.add_argument("--engine", choices=ENGINES, default="vllm")
     p.add_argument("--expect-cuda", help="the combination's CUDA, e.g. 12.4 ('cpu' for a CPU build)")
@@ -199,16 +203,21 @@ def run(args) -> int:
         from .fanout import run_from_args
         return run_from_args(args)
     if bool(args.image) == bool(args.here):
-        raise EnvbuildError("probe: give either IMAGE or --here (not both)")
+        raise EnvbuildError("give either IMAGE or --here (not both)")
     if args.timeout is not None and args.timeout <= 0:
-        raise EnvbuildError(f"probe: --timeout={args.timeout}: must be > 0")
+        raise EnvbuildError(f"--timeout={args.timeout}: must be > 0")
+    if args.python_exe and not args.here:
+        raise EnvbuildError("--python-exe goes with --here")
+    if args.python_exe and not shutil.which(args.python_exe):
+        raise EnvbuildError(f"--python-exe={args.python_exe!r}: no such interpreter")
     if args.nproc < 1:
-        raise EnvbuildError(f"probe: --nproc={args.nproc}: must be >= 1")
+        raise EnvbuildError(f"--nproc={args.nproc}: must be >= 1")
     expect = {"cuda": args.expect_cuda, "torch": args.expect_torch,
               "engine_version": args.expect_engine_version, "verl": args.expect_verl}
     expect = {k: v for k, v in expect.items() if v}
     if args.here:
-        v = probe_here(level=args.level, engine=args.engine, expect=expect, timeout=args.timeout, nproc=args.nproc)
+        v = probe_here(level=args.level, engine=args.engine, expect=expect, timeout=args.timeout, nproc=args.nproc,
+                       python=args.python_exe)
     else:
         v = probe_image(args.image, level=args.level, engine=args.engine, expect=expect, timeout=args.timeout,
                         docker=args.docker, nproc=args.nproc)
