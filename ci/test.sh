@@ -11,6 +11,7 @@ cd "$(dirname "$0")/.."
 need=()
 command -v chromium >/dev/null || need+=(chromium)
 command -v nm >/dev/null || need+=(binutils)
+command -v shellcheck >/dev/null || need+=(shellcheck)  # actionlint checks run: scripts with it
 if [ "${#need[@]}" -gt 0 ]; then
   echo "test.sh: installing ${need[*]}"
   apt-get update -qq
