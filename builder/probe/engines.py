@@ -84,8 +84,8 @@ def _check_vllm():
     from vllm import LLM, SamplingParams
     from vllm.engine.arg_utils import EngineArgs
     res = [_need("vllm-engine-args", _fields(EngineArgs), VLLM_ENGINE_ARGS)]
-    SamplingParams(n=4, logprobs=0, max_tokens=8, temperature=1.0, top_p=1.0, top_k=-1, seed=0)
-    res.append(("vllm-sampling-params", PASS, "SamplingParams(n, logprobs=0, max_tokens, temperature, seed)", None))
+    SamplingParams(n=4, logprobs=0, max_tokens=8, temperature=1.0, top_p=1.0, top_k=-1)
+    res.append(("vllm-sampling-params", PASS, "SamplingParams(n, logprobs=0, max_tokens, temperature, top_p, top_k)", None))
     res.append(_need("vllm-generate", _params(LLM.generate), {"prompts", "sampling_params"}))
     push = "LLM.apply_model" if hasattr(LLM, "apply_model") else "llm_engine...driver_worker model_runner.model"
     res.append(("vllm-weight-push", PASS, f"load_weights via {push}", None))
@@ -187,8 +187,9 @@ class VLLMEngine:
         self.llm = LLM(**kw)
 
     def generate(self, prompts, n, max_tokens, seed):
-        sp = self.SamplingParams(n=n, logprobs=0, max_tokens=max_tokens, temperature=1.0, top_p=1.0, top_k=-1,
-                                 seed=seed)
+        # No per-request seed: with n > 1 it could give every sample of a group the same generator
+        # (identical responses, no GRPO signal); the engine's seed keeps runs reproducible.
+        sp = self.SamplingParams(n=n, logprobs=0, max_tokens=max_tokens, temperature=1.0, top_p=1.0, top_k=-1)
         outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
         res = []
         for o in outs:

@@ -313,6 +313,11 @@ class _State:
             v.metrics["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         except Exception:
             pass
+        import torch.distributed as dist
+        if dist.is_initialized() and self.world > 1:
+            if self.failed and not self.met_at_sync and self.syncs_done < self.SYNC_POINTS:
+                self.sync(False)  # meets the others at their next sync point
+            self._merge_ranks(dist)
         if self.engine_obj is not None:
             try:
                 self.engine_obj.close()
@@ -321,12 +326,7 @@ class _State:
         if self.tmpdir:
             import shutil
             shutil.rmtree(self.tmpdir, ignore_errors=True)
-        import torch.distributed as dist
-        if dist.is_initialized():
-            if self.world > 1:
-                if self.failed and not self.met_at_sync and self.syncs_done < self.SYNC_POINTS:
-                    self.sync(False)  # meets the others at their next sync point
-                self._merge_ranks(dist)
+        if dist.is_initialized():  # an engine may have torn the group down itself
             dist.destroy_process_group()
 
     def _merge_ranks(self, dist):

@@ -73,7 +73,6 @@ def save_model(model, out: str) -> None:
     theta = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta") or 10000.0
     cfg["rope_theta"] = theta
     cfg.setdefault("rope_parameters", {"rope_type": "default", "rope_theta": theta})
-    cfg["torch_dtype"] = cfg.get("torch_dtype") or "bfloat16"
     _write(path, cfg)
     for f in os.listdir(out):  # save_pretrained has written weights with mode 0600
         os.chmod(os.path.join(out, f), 0o644)

@@ -27,6 +27,10 @@ def setup_distributed(device_type: str) -> tuple[int, int, int]:
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local = int(os.environ.get("LOCAL_RANK", 0))
     if not dist.is_initialized():
+        # A plain process is rank 0 of 1; engines that join this group (vLLM's external_launcher)
+        # read these variables themselves.
+        for k, val in (("RANK", rank), ("LOCAL_RANK", local), ("WORLD_SIZE", world)):
+            os.environ.setdefault(k, str(val))
         if "MASTER_ADDR" not in os.environ:
             os.environ["MASTER_ADDR"] = "127.0.0.1"
             os.environ["MASTER_PORT"] = str(_free_port())
