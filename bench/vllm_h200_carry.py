@@ -124,7 +124,7 @@ def record(args) -> int:
     gpu_checks = {c["name"]: {"status": c["status"], "detail": c["detail"][:300]} for c in v["checks"]
                   if c["name"].startswith("gpu:")}
     gpu_ok = bool(gpu_checks) and all(c["status"] == "pass" for c in gpu_checks.values())
-    rec = {"what": "probe gpu level, engine vllm, on the lent H200 (issue 9)",
+    rec = {"what": "probe gpu level, engine vllm, on the lent H200 (issue 9)", "note": args.note,
            "command": "bash ci/device/vllm_h200.sh run .whl/pNN (after stash calls for the other pieces)",
            "overall_status": v["status"], "gpu_checks_pass": gpu_ok, "gpu_checks": gpu_checks,
            "other_checks_not_pass": {c["name"]: c["detail"][:300] for c in v["checks"]
@@ -152,6 +152,7 @@ def main() -> int:
     r = sub.add_parser("record")
     r.add_argument("fetched", help="folder holding what the last call wrote to $OUT")
     r.add_argument("--out", default=str(ROOT / "bench" / "vllm_h200.json"))
+    r.add_argument("--note", default="", help="what this run was (attempt, fixes in place)")
     args = ap.parse_args()
     return prepare(args) if args.cmd == "prepare" else record(args)
 
