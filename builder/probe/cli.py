@@ -89,6 +89,10 @@ def _warm_cuda() -> None:
 def main(argv: list[str] | None = None) -> int:
     for k, val in QUIET_ENV.items():
         os.environ.setdefault(k, val)
+    # The probe judges the installed environment: `python -m` put the working directory first on
+    # sys.path, and a source checkout there (verl's, envbuild's) must not stand in for it.
+    here = os.getcwd()
+    sys.path[:] = [p for p in sys.path if p not in ("", here)]
     args = build_parser().parse_args(argv)
     if args.n < 2:
         print("envbuild-probe: -n must be >= 2 (GRPO needs a group)", file=sys.stderr)
