@@ -622,7 +622,7 @@ def summarize(records, opts: Options, interrupted: bool, planned: int, out=None)
         print(f"{r.combo['id']:<50} {r.status:<7} {r.stage:<7} {what}", file=out)
         if r.status != "ok" and r.detail:
             first = r.detail.strip().splitlines()
-            print(f"{'':<50} {first[0][:160] if first else ''}", file=out)
+            print(f"{'':<50} {first[0][:300] if first else ''}", file=out)
     images = sorted({(r.image or {}).get("ref") for r in records if r.status == "ok" and r.image})
     print(f"\nimages: {opts.repo} ({len(images)} built or reused" +
           (", pushed" if opts.push else ", local") + ")", file=out)
