@@ -194,6 +194,7 @@ def add_arguments(p) -> None:
     p.add_argument("--nproc", type=int, default=1, help="processes (GPUs) for the gpu level, via torchrun")
     p.add_argument("--docker", default="docker", help="docker client (default: /usr/bin/docker if present)")
     p.add_argument("--json", dest="json_out", help="write the verdict here")
+    p.epilog = "exit status: 0 pass, 1 fail or timeout, 2 error (probe or docker broke), 3 needs a GPU"
     from .fanout import add_ray_arguments  # --ray ADDRESS [selectors]: the Ray fan-out (envbuild.fanout)
     add_ray_arguments(p)
 
