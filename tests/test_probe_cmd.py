@@ -54,7 +54,7 @@ def test_runs_as_a_copied_package_with_only_the_stdlib(tmp_path):
 def test_probe_args():
     assert probe_cmd.probe_args("gpu", "vllm", {"cuda": "12.4", "engine_version": "0.8.4"}) == [
         "--level", "gpu", "--engine", "vllm", "--expect-cuda", "12.4", "--expect-engine-version", "0.8.4"]
-    with pytest.raises(EnvbuildError, match="level='nope'"):
+    with pytest.raises(EnvbuildError, match="level=.nope."):
         probe_cmd.probe_args("nope", "vllm", {})
     with pytest.raises(EnvbuildError, match="unknown key"):
         probe_cmd.probe_args("env", "vllm", {"cdua": "12.4"})
