@@ -100,7 +100,7 @@ def test_elf_reader_sees_what_nm_sees(broken_site):
 
 def test_extension_check_names_symbol_and_library(broken_site):
     dist = md.PathDistribution(broken_site / "fakeext-0.1.dist-info")
-    rep = check_extensions([dist])
+    rep = check_extensions([dist], installed=[dist])
     assert rep.scanned == {"fakeext": 3}
     kinds = {(p.kind, p.file) for p in rep.problems}
     assert kinds == {("undefined-symbol", "fakeext/_bad.so"), ("cuda-runtime-missing", "fakeext/_cuda.so")}
@@ -108,6 +108,23 @@ def test_extension_check_names_symbol_and_library(broken_site):
     assert "envbuild_probe_missing" in sym.what
     assert next(p for p in rep.problems if p.kind == "cuda-runtime-missing").what == "libcudart.so.99"
     # the good extension's at::get_num_threads() is exported by the installed torch: no finding for it
+
+
+def test_library_shipped_by_another_installed_package_is_not_missing(tmp_path):
+    """A package that loads its own library at import (tvm_ffi, the nvidia-* wheels) makes it
+    resolvable for extensions of other packages; a library nobody ships is still missing."""
+    site = tmp_path / "site"
+    (site / "shipper" / "lib").mkdir(parents=True)
+    (site / "user").mkdir()
+    _gxx(site / "shipper" / "lib" / "libshipped.so.1", 'extern "C" int shipped() { return 1; }\n',
+         "-Wl,-soname,libshipped.so.1")
+    _gxx(site / "user" / "_ext.so", 'extern "C" int shipped();\nextern "C" int u() { return shipped(); }\n',
+         f"-L{site / 'shipper' / 'lib'}", "-l:libshipped.so.1")
+    shipper = md.PathDistribution(_dist(site, "shipper", ["shipper/lib/libshipped.so.1"], []))
+    user = md.PathDistribution(_dist(site, "user", ["user/_ext.so"], ["torch"]))
+    assert check_extensions([user], installed=[user, shipper]).problems == []
+    rep = check_extensions([user], installed=[user])
+    assert [(p.kind, p.what) for p in rep.problems] == [("library-missing", "libshipped.so.1")]
 
 
 def test_probe_reports_broken_environment(broken_site):

@@ -125,10 +125,29 @@ def _glibc() -> str | None:
     return ver if name == "glibc" else None
 
 
-def check_extensions(dists: list[md.Distribution] | None = None) -> ExtReport:
+def shipped_libs(dists) -> set[str]:
+    """Names of the shared libraries that installed distributions ship.
+
+    Packages load their own libraries at import (torch the nvidia-* wheels', tvm_ffi its
+    libtvm_ffi.so through ctypes), so an extension that needs one finds it in the process
+    without any search path naming it. If the importing package is not imported first, the
+    contract level's imports fail and say so; here such a library is not "missing".
+    """
+    out: set[str] = set()
+    for d in dists:
+        for f in d.files or ():
+            base = f.name
+            if ".so" in base and _is_so(base):
+                out.add(base)
+    return out
+
+
+def check_extensions(dists: list[md.Distribution] | None = None,
+                     installed: list[md.Distribution] | None = None) -> ExtReport:
     rep = ExtReport()
     lib_dir = torch_lib_dir()
     exports, loaded = torch_exports(lib_dir) if lib_dir else (set(), set())
+    loaded = loaded | shipped_libs(installed if installed is not None else md.distributions())
     glibc = _glibc()
     missing_syms: list[tuple[str, str, str]] = []
     for d in dists if dists is not None else native_dists():
