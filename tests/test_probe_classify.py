@@ -73,3 +73,17 @@ def test_verdict_dict_names_first_cause():
     v.add("c", "fail", cause="undefined-symbol")
     d = v.to_dict()
     assert d["status"] == "fail" and d["cause"] == "undefined-symbol" and len(d["checks"]) == 3
+
+
+def test_exception_detail_names_where_it_was_raised():
+    from envbuild.probe.classify import classify_exception
+
+    def load_sampler():
+        import envbuild_no_such_module_flashinfer  # noqa: F401
+
+    try:
+        load_sampler()
+    except ImportError as e:
+        c = classify_exception(e, "vllm")
+    assert "envbuild_no_such_module_flashinfer" in c.detail
+    assert "load_sampler" in c.detail and "test_probe_classify.py:" in c.detail

@@ -106,4 +106,23 @@ def classify_exception(exc: BaseException, engine: str | None = None) -> Classif
         c.detail = text[:500]
     if isinstance(exc, ImportError) and c.cause == "exception":
         c.cause = "import-error"
+    where = _where(exc)
+    if where:  # the message alone rarely says which module raised ("No module named 'flashinfer'")
+        c.detail = f"{c.detail} [at {where}]"
     return c
+
+
+def _where(exc: BaseException, frames: int = 3) -> str:
+    """The innermost frames of the exception, shortest path first: 'pkg/mod.py:12 fn <- ...'."""
+    import traceback
+
+    tb = traceback.extract_tb(exc.__traceback__)[-frames:] if exc.__traceback__ else []
+    parts = []
+    for f in reversed(tb):
+        path = f.filename
+        for marker in ("site-packages/", "dist-packages/"):
+            if marker in path:
+                path = path.split(marker, 1)[1]
+                break
+        parts.append(f"{path}:{f.lineno} {f.name}")
+    return " <- ".join(parts)
