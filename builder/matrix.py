@@ -398,31 +398,33 @@ def plan(m: Matrix, sel: Selectors | None = None, meta=None) -> Plan:
     verls = [sel.verl] if sel.verl else m.verl
     torch_axis = [sel.torch] if sel.torch else m.torch
 
-    raw: list[tuple[dict, str | None]] = []  # (axis values, forced torch or None)
-    for (eng, versions), verl, cu, py in itertools.product(engines.items(), verls, cudas, pythons):
-        for ev in versions:
-            raw.append(({"engine": eng, "engine_version": ev, "verl": verl, "cuda": cu, "python": py}, None))
+    # raw combinations as plain tuples: (verl, engine, engine version, cuda, python, forced torch)
+    raw: list[tuple] = [(verl, eng, ev, cu, py, None)
+                        for (eng, versions), verl, cu, py in itertools.product(engines.items(), verls, cudas, pythons)
+                        for ev in versions]
     for inc in m.include:
         eng = "vllm" if "vllm" in inc else "sglang" if "sglang" in inc else inc.get("engine", "hf")
-        base = {"engine": eng, "engine_version": inc.get(eng, ""), "verl": inc["verl"],
-                "cuda": inc.get("cuda"), "python": inc.get("python")}
-        for cu in [base["cuda"]] if base["cuda"] else cudas:
-            for py in [base["python"]] if base["python"] else pythons:
-                raw.append(({**base, "cuda": cu, "python": py}, inc.get("torch")))
+        for cu in [inc["cuda"]] if inc.get("cuda") else cudas:
+            for py in [inc["python"]] if inc.get("python") else pythons:
+                raw.append((inc["verl"], eng, inc.get(eng, ""), cu, py, inc.get("torch")))
 
     combos: list[Combo] = []
     excluded: list[Excluded] = []
     seen: set[tuple] = set()
     why_not = _Excluder(m, meta)
-    for axes, forced_torch in raw:
-        torches, why = _torch_for(axes, forced_torch, torch_axis, meta)
+    torch_memo: dict[tuple, tuple[list[str], str | None]] = {}
+    for verl, eng, ev, cu, py, forced in raw:
+        tk = (eng, ev, forced)
+        if tk not in torch_memo:
+            torch_memo[tk] = _torch_for(eng, ev, forced, torch_axis, meta)
+        torches, why = torch_memo[tk]
+        cv = m.cuda[cu]
         for t in torches:
-            key = (axes["verl"], axes["engine"], axes["engine_version"], t, axes["cuda"], axes["python"])
+            key = (verl, eng, ev, t, cu, py)
             if key in seen:
                 continue
             seen.add(key)
-            cv = m.cuda[axes["cuda"]]
-            combo = Combo(torch=t, cuda_toolkit=cv.toolkit, base_image=cv.base, glibc=cv.glibc, **axes)
+            combo = Combo(verl, eng, ev, t, cu, py, cv.toolkit, cv.base, cv.glibc)
             reason = why or why_not(combo)
             if reason:
                 excluded.append(Excluded(combo, reason))
@@ -445,16 +447,17 @@ def _order(c: Combo) -> tuple:
     return (c.verl, c.engine, c.engine_version, c.torch, c.cuda, c.python)
 
 
-def _torch_for(axes: dict, forced: str | None, torch_axis: list[str] | None, meta) -> tuple[list[str], str | None]:
+def _torch_for(engine: str, version: str, forced: str | None, torch_axis: list[str] | None,
+               meta) -> tuple[list[str], str | None]:
     if forced:
         return [forced], None
     if torch_axis:
         return list(torch_axis), None
-    if axes["engine"] == "hf":
+    if engine == "hf":
         return ["?"], "the hf engine pins no torch: name one in an include entry or with --torch"
-    pin = meta.torch_pin(axes["engine"], axes["engine_version"])
+    pin = meta.torch_pin(engine, version)
     if pin is None:
-        return ["?"], f"{axes['engine']} {axes['engine_version']} pins no exact torch version: give --torch"
+        return ["?"], f"{engine} {version} pins no exact torch version: give --torch"
     return [pin], None
 
 
@@ -484,18 +487,25 @@ class _Excluder:
 
     def _facts(self, cuda, torch, python, verl, engine, engine_version) -> str | None:
         memo = self.memo
-        key = (cuda, torch)
-        if key not in memo:
-            cv = self.m.cuda[cuda]
-            memo[key] = (f"torch {torch} has no {cuda} build (variant {cuda} covers torch{cv.torch})"
-                         if torch != "?" and not _spec_match(cv.torch, torch) else None)
-        if memo[key]:
-            return memo[key]
-        for pkg, ver in (("verl", verl), (engine, engine_version), ("torch", torch)):
-            key = (pkg, ver, python)
-            if key not in memo:
-                rp = self.meta.requires_python(pkg, ver) if ver and ver != "?" else ""
-                memo[key] = f"{pkg} {ver} requires Python {rp}" if rp and not _spec_match(rp, python + ".0") else None
-            if memo[key]:
-                return memo[key]
-        return None
+        k1, k2, k3 = ("cuda", cuda, torch, python), (verl, "verl", python), (engine_version, engine, python)
+        if k1 not in memo:
+            memo[k1] = self._torch_fact(cuda, torch, python)
+        if memo[k1]:
+            return memo[k1]
+        if k2 not in memo:
+            memo[k2] = self._fact("verl", verl, python)
+        if memo[k2]:
+            return memo[k2]
+        if k3 not in memo:
+            memo[k3] = self._fact(engine, engine_version, python)
+        return memo[k3]
+
+    def _torch_fact(self, cuda, torch, python) -> str | None:
+        cv = self.m.cuda[cuda]
+        if torch != "?" and not _spec_match(cv.torch, torch):
+            return f"torch {torch} has no {cuda} build (variant {cuda} covers torch{cv.torch})"
+        return self._fact("torch", torch, python)
+
+    def _fact(self, pkg, ver, python) -> str | None:
+        rp = self.meta.requires_python(pkg, ver) if ver and ver != "?" else ""
+        return f"{pkg} {ver} requires Python {rp}" if rp and not _spec_match(rp, python + ".0") else None
