@@ -32,10 +32,12 @@ GOALS = {"cold_ratio": 0.3, "second_ratio": 0.05, "noop_per_combo_s": 2.0}
 NAIVE = """FROM {base}
 COPY lock.txt /tmp/lock.txt
 # The naive recipe: one venv, one pip install of the whole lock, pip's defaults (its cache
-# included). The CA bundle comes in as a secret only because this machine's proxy needs it.
+# included). --no-deps because the lock is complete, and pip's hash mode otherwise rejects an
+# extra (fsspec[http]) that uv's lock lists without brackets. The CA bundle comes in as a
+# secret only because this machine's proxy needs it.
 RUN --mount=type=secret,id=ca-bundle,required=false \\
     if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle; fi; \\
-    python3 -m venv /opt/venv && /opt/venv/bin/pip install -r /tmp/lock.txt
+    python3 -m venv /opt/venv && /opt/venv/bin/pip install --no-deps -r /tmp/lock.txt
 ENV PATH=/opt/venv/bin:$PATH
 """
 
@@ -135,8 +137,10 @@ def main(argv=None) -> int:
     out: dict = {"combo": a.id, "second": b.id, "base": base, "engine": engine.describe(),
                  "cpus": os.cpu_count(), "goals": GOALS}
     try:
-        # Cold: no image, no layer cache, no download cache for either side.
-        _prune_uv_cache(engine)
+        # Cold: no image, no layer cache, no download cache for either side. (A layer cache left
+        # by earlier builds would also hand the second combination layers other than the fresh
+        # ones of the first, so it is emptied, not just bypassed.)
+        _cold(engine)
         ctx = work / "naive"
         ctx.mkdir()
         (ctx / "Dockerfile").write_text(NAIVE.format(base=base))
@@ -149,7 +153,7 @@ def main(argv=None) -> int:
         images.append(naive_ref)
         out["naive"] = {"seconds": round(res.seconds, 1), "size": engine.image_size(naive_ref)}
 
-        _prune_uv_cache(engine)
+        _cold(engine)
         print(f"envbuild cold build of {a.id} ...", file=sys.stderr)
         secs, p = envbuild("build", *sel_a, *common, "--rebuild", "--no-cache")
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -210,26 +214,35 @@ def main(argv=None) -> int:
     return 0
 
 
-def _prune_uv_cache(engine) -> None:
-    """Empty envbuild's own download cache (the uv cache mount of envbuild's install steps)
-    and nothing else: BuildKit names a cache mount after the first step that made it."""
-    ids = [e["ID"] for e in engine.cache_entries()
-           if e.get("CacheType") == "exec.cachemount" and "/opt/envbuild/" in e.get("Description", "")
-           and e.get("Description", "").startswith("cached mount /root/.cache/uv ")]
-    engine.prune_cache(ids)
-    left = [e for e in engine.cache_entries() if e["ID"] in ids]
-    assert not left, f"could not empty the download cache: {left}"
+def _cold(engine) -> None:
+    """Empty the build cache envbuild's steps made (layers and the uv download cache mount) and
+    nothing else; check that no download cache of envbuild's is left."""
+    _prune_own_cache(engine)
+    left = [e for e in engine.cache_entries() if e.get("CacheType") == "exec.cachemount"
+            and "/opt/envbuild/" in e.get("Description", "")]
+    assert not left, f"could not empty envbuild's download cache: {left}"
 
 
 def _prune_own_cache(engine) -> None:
-    """Drop the build cache this benchmark made (envbuild's steps, the naive install) and only
-    that; children go before parents, so a few passes."""
-    for _ in range(6):
-        ids = [e["ID"] for e in engine.cache_entries() if e.get("InUse") != "true" and
-               any(k in e.get("Description", "") for k in ("/opt/envbuild/", "/tmp/lock.txt", "envbuild_probe"))]
-        if not ids:
+    """Drop the build cache this benchmark's kind of builds made (envbuild's steps, the naive
+    install) and only that: records whose step names envbuild's paths, plus every record built
+    on top of one (COPY results name no path, but pin their parents). Children go first."""
+    marks = ("/opt/envbuild/", "/tmp/lock.txt", "envbuild_probe")
+    for _ in range(4):
+        entries = engine.cache_entries()
+        own = {e["ID"] for e in entries if any(k in e.get("Description", "") for k in marks)}
+        grew = True
+        while grew:
+            kids = {e["ID"] for e in entries if e.get("Parent") in own} - own
+            own |= kids
+            grew = bool(kids)
+        if not own:
             return
-        engine.prune_cache(ids)
+        parent = {e["ID"]: e.get("Parent") for e in entries}
+
+        def depth(i, seen=0):
+            return 0 if parent.get(i) not in own or seen > 64 else 1 + depth(parent[i], seen + 1)
+        engine.prune_cache(sorted(own, key=depth, reverse=True))
 
 
 if __name__ == "__main__":
