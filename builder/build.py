@@ -216,6 +216,12 @@ class Options:
     no_cache: bool = False
 
 
+def probe_expect(combo) -> dict:
+    """What the probe checks the image against (envbuild.probe_cmd.EXPECT_KEYS)."""
+    d = combo.to_dict()
+    return {k: d[k] for k in ("cuda", "torch", "engine_version", "verl")}
+
+
 def sanitize_tag(tag: str) -> str:
     t = re.sub(r"[^A-Za-z0-9_.-]", "_", tag)
     return t[:128]
@@ -376,9 +382,11 @@ class Builder:
                 self.progress.step(cid, f"probe {level}")
                 try:
                     verdict = self.probe_fn(content_ref, level=level, engine=combo.engine,
-                                            expect=combo.to_dict(), timeout=None)
+                                            expect=probe_expect(combo), timeout=None)
                 except InfraError as e:
                     return finish("probe", "error", e.cause, str(e))
+                except EnvbuildError as e:
+                    return finish("probe", "error", "probe-error", str(e))
                 timings["probe"] = round(time.monotonic() - t, 3)
                 rec.probe[level] = verdict
                 v = str(verdict.get("status", "error")).lower()

@@ -252,7 +252,7 @@ def test_probe_levels_run_in_order_and_stop_at_a_failure(tmp_path):
     seen = []
 
     def probe(image, *, level, engine, expect, timeout):
-        seen.append((image, level, engine, expect["id"]))
+        seen.append((image, level, engine, expect))
         if level == "contract" and engine == "vllm":
             return {"level": level, "status": "fail", "cause": "abi-mismatch",
                     "checks": [{"name": "imports", "status": "pass"},
@@ -263,6 +263,9 @@ def test_probe_levels_run_in_order_and_stop_at_a_failure(tmp_path):
     by = {r.combo["id"]: r for r in recs}
     bad, good = by[combo().id], by[combo("hf", "").id]
     assert [s[1] for s in seen if s[2] == "vllm"] == ["env", "contract"]
+    from envbuild.probe_cmd import EXPECT_KEYS
+
+    assert set(seen[0][3]) == set(EXPECT_KEYS) and seen[0][3]["engine_version"] == "0.8.4"
     assert all(s[0] == bad.image["ref"] for s in seen if s[2] == "vllm")
     assert (bad.stage, bad.status, bad.cause) == ("probe", "fail", "abi-mismatch")
     assert "native-extensions: undefined symbol _ZN3c10" in bad.detail and "imports" not in bad.detail
