@@ -393,7 +393,7 @@ class Builder:
                 if v in ("fail", "error", "timeout"):
                     bad = [f"{c.get('name')}: {c.get('detail', '')}".strip() for c in verdict.get("checks", [])
                            if c.get("status") in ("fail", "error", "timeout")]
-                    detail = f"probe level {level}: {v}\n" + "\n".join(bad)[-3000:]
+                    detail = f"probe level {level}: {v}\n" + "\n".join(bad)[:3000]
                     status = "fail" if v == "fail" else "error"
                     cause = verdict.get("cause") or ("timeout" if v == "timeout" else f"probe-{v}")
                     return finish("probe", status, cause, detail)
