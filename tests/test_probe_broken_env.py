@@ -56,6 +56,15 @@ def make_broken_site(root: Path) -> Path:
         "verl/workers/rollout/gpu_rollout.py": "import torch\ntorch.cuda.get_device_name()\n",
         # another engine's module
         "verl/workers/rollout/sglang_rollout.py": "import sglang\n",
+        # verl 0.4's async chat server imports `openai`, which verl does not declare: optional
+        "verl/workers/rollout/chat_server.py": "import envbuild_undeclared_optional\n",
+        # a dependency verl declares but that is missing: broken
+        "verl/workers/rollout/declared_user.py": "import envbuild_declared_dep\n",
+        # an installed package whose own import is broken: broken, even though verl doesn't declare it
+        "verl/workers/rollout/inner_user.py": "import envbuild_inner_broken\n",
+        "envbuild_inner_broken/__init__.py": "import envbuild_missing_inside_a_package\n",
+        # verl.third_party.vllm asks for vLLM's metadata: with the hf engine, another engine's module
+        "verl/workers/rollout/vllm_version.py": "from importlib.metadata import version\nversion('vllm')\n",
         "verl/workers/sharding_manager/__init__.py": "",
         "verl/workers/sharding_manager/fsdp_fake.py": "X = 1\n",
         "verl/utils/__init__.py": "",  # not engine-facing: never imported
@@ -77,6 +86,7 @@ def make_broken_site(root: Path) -> Path:
     _dist(site, "fakeext", ["fakeext/__init__.py", "fakeext/_bad.so", "fakeext/_good.so", "fakeext/_cuda.so"],
           ["torch"])
     _dist(site, "fakereq", [], ["envbuild-nonexistent-dependency>=1"])
+    _dist(site, "verl", ["verl/__init__.py"], ["envbuild-declared-dep>=1", "envbuild-undeclared-optional; extra == 'chat'"])
     return site
 
 
@@ -140,6 +150,14 @@ def test_probe_reports_broken_environment(broken_site):
     c = checks["import:verl.workers.rollout.sglang_rollout"]
     assert (c["status"], c["cause"]) == ("not-applicable", "other-engine")
     assert checks["import:verl.workers.sharding_manager.fsdp_fake"]["status"] == "pass"
+    c = checks["import:verl.workers.rollout.chat_server"]
+    assert (c["status"], c["cause"]) == ("not-applicable", "optional-dependency"), c
+    c = checks["import:verl.workers.rollout.declared_user"]
+    assert (c["status"], c["cause"]) == ("fail", "module-missing"), c
+    c = checks["import:verl.workers.rollout.inner_user"]
+    assert c["status"] == "fail" and "envbuild_missing_inside_a_package" in c["detail"], c
+    c = checks["import:verl.workers.rollout.vllm_version"]
+    assert (c["status"], c["cause"]) == ("not-applicable", "other-engine"), c
     assert not any("verl.utils" in n for n in checks)  # only engine-facing folders are imported
     c = checks["native:undefined-symbol"]
     assert c["status"] == "fail" and "fakeext/_bad.so" in c["detail"] and "envbuild_probe_missing" in c["detail"]

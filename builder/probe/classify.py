@@ -89,6 +89,14 @@ def classify_message(text: str, engine: str | None = None) -> Classified:
         if top in OPTIONAL_BACKENDS:
             return Classified(NOT_APPLICABLE, "optional-backend", f"needs {mod} (optional backend not installed)")
         return Classified(FAIL, "module-missing", f"No module named {mod!r}")
+    # importlib.metadata.version("vllm") in verl.third_party.vllm when vLLM is not installed
+    m = re.search(r"No package metadata was found for ([\w.\-]+)", t)
+    if m:
+        pkg = m.group(1)
+        other = set().union(*(v for k, v in ENGINE_MODULES.items() if k != engine)) - ENGINE_MODULES.get(engine or "", set())
+        if pkg.replace("-", "_").lower() in other:
+            return Classified(NOT_APPLICABLE, "other-engine", f"needs the {pkg} package (engine not in this combination)")
+        return Classified(FAIL, "package-missing", f"package {pkg} is not installed")
     m = re.search(r"cannot import name '([\w.]+)' from '([\w.]+)'", t)
     if m:
         return Classified(FAIL, "import-error", f"cannot import {m.group(1)} from {m.group(2)} (API drift)")
