@@ -10,7 +10,7 @@ sel=("$@")
 [ "${#sel[@]}" -gt 0 ] || sel=(--cuda cu124 --vllm 0.8.4 --verl 0.4.1)
 
 bash ci/services.sh
-python3 -m pip install -q --disable-pip-version-check -e . 2>&1 | grep -v "as the 'root' user" || true
+PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 python3 -m pip install -q -e .
 command -v nm >/dev/null || { apt-get update -qq; apt-get install -y -qq binutils >/dev/null; }
 
 envbuild plan "${sel[@]}"

@@ -20,14 +20,13 @@ fi
 
 bash ci/services.sh
 
-python3 -m pip install -q --disable-pip-version-check -e '.[test]' 2>&1 | grep -v "as the 'root' user" || true
+export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
+python3 -m pip install -q -e '.[test]'
 # CPU torch for the probe's gpu-level logic on CPU: this workplace keeps a CPU build of 2.13.0 on
 # disk (quick); elsewhere any torch the index serves will do.
 if ! python3 -c "import torch, transformers" 2>/dev/null; then
-  python3 -m pip install -q --disable-pip-version-check torch==2.13.0 transformers tokenizers safetensors 2>&1 \
-    | grep -v "as the 'root' user" || \
-  python3 -m pip install -q --disable-pip-version-check torch transformers tokenizers safetensors 2>&1 \
-    | grep -v "as the 'root' user" || true
+  python3 -m pip install -q torch==2.13.0 transformers tokenizers safetensors ||
+    python3 -m pip install -q torch transformers tokenizers safetensors
 fi
 
 set +e
