@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import EnvbuildError, InfraError, InputError
+from .index import pytorch_index_url
 
 PROBE_LEVELS = ("none", "cpu", "gpu", "auto")
 # --probe X -> the probe's levels, in order (envbuild.probe_cmd: env, contract, gpu).
@@ -305,7 +306,7 @@ class Builder:
             return finish("render", "error", "render-error", str(e))
         timings["render"] = round(time.monotonic() - t, 3)
         chash = rendered.content_hash
-        content_ref = f"{o.repo}:{sanitize_tag(combo.tag + '-' + chash[:12])}"
+        content_ref = f"{o.repo}:{sanitize_tag(combo.hashed_tag(chash))}"
         readable_ref = f"{o.repo}:{sanitize_tag(combo.tag)}"
         rec.image = {"ref": content_ref, "tags": [content_ref, readable_ref], "content_hash": chash,
                      "id": None, "digest": None, "size": None, "reused": False}
@@ -406,7 +407,7 @@ class Builder:
             vals["index-url"] = self.o.index_url
         ti = getattr(lr, "torch_index", "default")
         if ti and ti != "default" and self.o.torch_index_root:
-            vals["torch-index-url"] = f"{self.o.torch_index_root.rstrip('/')}/{lr.combo.cuda}"
+            vals["torch-index-url"] = pytorch_index_url(self.o.torch_index_root, lr.combo.cuda)
         return vals
 
 

@@ -76,6 +76,11 @@ class TorchSource:
         return "default" if self.url is None else "pytorch"
 
 
+def pytorch_index_url(root: str, variant: str) -> str:
+    """The PyTorch index of one CUDA variant, under the configured root."""
+    return f"{root.rstrip('/')}/{variant}"
+
+
 def torch_source(variant: str, torch_version: str, meta: "Metadata") -> TorchSource:
     default = meta.default_cuda(torch_version)
     if default == variant:
@@ -87,7 +92,7 @@ def torch_source(variant: str, torch_version: str, meta: "Metadata") -> TorchSou
             f"torch {torch_version} for {variant} is only on the PyTorch index (the default index "
             f"serves {default}); no PyTorch index is configured: set {PYTORCH_INDEX_ENV} to its root "
             f"(the folder holding cu124/, cu126/, ...)")
-    return TorchSource(variant, default, f"{root}/{variant}")
+    return TorchSource(variant, default, pytorch_index_url(root, variant))
 
 
 def check_reachable(url: str) -> None:

@@ -63,13 +63,18 @@ class Combo:
         return self.tag
 
     def hashed_tag(self, content_hash: str) -> str:
-        return f"{self.tag}-{content_hash[:12]}"
+        return content_tag(self.tag, content_hash)
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["id"] = self.id
         d["tag"] = self.tag
         return d
+
+
+def content_tag(tag: str, content_hash: str) -> str:
+    """The tag that names one rendering of a combination: its readable tag + the content hash."""
+    return f"{tag}-{content_hash[:12]}"
 
 
 @dataclass(frozen=True)
