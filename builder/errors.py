@@ -1,12 +1,26 @@
-"""Errors that the CLI turns into one clear line (no traceback)."""
+"""The one error tree. Every module raises these; only the CLI turns them into exit codes.
+
+Exit codes (README, "Exit codes"):
+  0  ok
+  1  a verdict against a combination: unsatisfiable, a build or probe failure, a probe timeout,
+     a regression (commands return 1; VerdictError exists for the places that must raise)
+  2  bad input: a file, field or value is wrong (one line naming file:line field=value), or a
+     table/attestation that fails a trust check (TrustError: tampered, rolled back, expired,
+     signed by an unknown key)
+  3  infrastructure: index or registry unreachable, no Docker daemon, the probe or docker broke,
+     and `needs-gpu` — a check that needs a GPU could not run on this host. None of these says
+     anything about the combination; they never replace an earlier verdict.
+"""
 
 from __future__ import annotations
+
+OK, VERDICT, BAD_INPUT, INFRA = 0, 1, 2, 3
 
 
 class EnvbuildError(Exception):
     """Any expected failure; str() is the one line the user sees."""
 
-    exit_code = 2
+    exit_code = BAD_INPUT
 
 
 class InputError(EnvbuildError):
@@ -15,13 +29,31 @@ class InputError(EnvbuildError):
     def __init__(self, file: str, line: int | None, field: str, value: object, why: str):
         self.file, self.line, self.field, self.value, self.why = file, line, field, value, why
         where = f"{file}:{line}" if line else str(file)
-        super().__init__(f"{where}: {field}={value!r}: {why}")
+        shown = repr(value)
+        if len(shown) > 120:  # a hostile value must not flood the one line
+            shown = shown[:100] + f"...' ({len(str(value))} chars)"
+        super().__init__(f"{where}: {field}={shown}: {why}")
+
+
+class UsageError(EnvbuildError):
+    """A command line that does not make sense (missing argument, conflicting options)."""
+
+
+class TrustError(EnvbuildError):
+    """A signed table or attestation that must not be believed (bad signature, rollback,
+    expired, unknown or changed key, file hashes that do not match)."""
+
+
+class VerdictError(EnvbuildError):
+    """A verdict against a combination raised where a command cannot simply return 1."""
+
+    exit_code = VERDICT
 
 
 class InfraError(EnvbuildError):
-    """Infrastructure failure (index unreachable, no daemon): never a verdict on a stack."""
+    """Infrastructure failure (index unreachable, no daemon, no GPU): never a verdict on a stack."""
 
-    exit_code = 3
+    exit_code = INFRA
 
     def __init__(self, cause: str, message: str):
         self.cause, self.message = cause, message
