@@ -209,6 +209,20 @@ def _insert_in_list(lines: list[str], m, key: tuple, values: list[str], what: st
     raise EnvbuildError(f"{m.path}:{key_line}: {what}: a list style this tool cannot extend; edit by hand")
 
 
+def patch_path(path: str | os.PathLike) -> str:
+    """The matrix's path as a patch names it: relative to the git work tree that holds it (what
+    `git apply` expects, from any directory of that tree), else to the working directory; never
+    absolute (git refuses "a//abs/path"). Outside both: the conventional `matrix/<file>`."""
+    p = Path(path).resolve()
+    for top in p.parents:
+        if (top / ".git").exists():  # a directory, or a file in a worktree/submodule
+            return p.relative_to(top).as_posix()
+    try:
+        return p.relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return f"matrix/{p.name}"
+
+
 def patch_text(m, props: list[Proposal]) -> tuple[str, str]:
     """(new YAML text, unified diff)."""
     text = Path(m.path).read_text()
@@ -228,7 +242,7 @@ def patch_text(m, props: list[Proposal]) -> tuple[str, str]:
         if add[pkg]:
             _insert_in_list(lines, m, key, add[pkg], what)
     new = "".join(lines)
-    rel = os.path.relpath(m.path) if not os.path.relpath(m.path).startswith("..") else m.path
+    rel = patch_path(m.path)
     diff = "".join(difflib.unified_diff(text.splitlines(keepends=True), new.splitlines(keepends=True),
                                         fromfile=f"a/{rel}", tofile=f"b/{rel}"))
     return new, diff

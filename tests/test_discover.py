@@ -9,7 +9,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from envbuild.discover import discover, patch_text, run_discovery
+from envbuild.discover import discover, patch_path, patch_text, run_discovery
 from envbuild.index import Metadata
 from envbuild.matrix import load_matrix, plan
 from envbuild.paths import default_matrix
@@ -76,12 +76,57 @@ def test_proposals_follow_pins_and_patch_plans(tmp_path):
     assert diff.startswith("--- a/") and "+verl:" in diff
     # The patch applies with patch(1) and the result plans the new combinations.
     if shutil.which("patch"):
-        (tmp_path / "p.diff").write_text(diff.replace(f"a/{path}", "m.yaml").replace(f"b/{path}", "m.yaml"))
+        (tmp_path / "p.diff").write_text(diff)
         subprocess.run(["patch", "-s", str(path), str(tmp_path / "p.diff")], check=True)
         assert path.read_text() == new_text
     ids = {c.id for c in plan(load_matrix(path), meta=meta).combos}
     assert "verl0.6.0-vllm0.10.0-torch2.7.1-cu126-py3.11" in ids
     assert not any("vllm0.10.0" in i and "cu124" in i for i in ids)
+
+
+def _git(*args, cwd):
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", *args],
+                          cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.skipif(not shutil.which("git"), reason="git not installed")
+def test_written_patch_applies_with_git(tmp_path, monkeypatch):
+    """`discover --write` output names the matrix relative to its repository (a/matrix/verl.yaml),
+    so `git apply` at the repository's root accepts it, whatever directory discover ran in."""
+    repo = tmp_path / "repo"
+    (repo / "matrix").mkdir(parents=True)
+    path = repo / "matrix" / "verl.yaml"
+    path.write_text(MATRIX)
+    assert _git("init", "-q", cwd=repo).returncode == 0
+    assert _git("add", "matrix/verl.yaml", cwd=repo).returncode == 0
+    assert _git("commit", "-qm", "matrix", cwd=repo).returncode == 0
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # discover runs outside the repository, on its absolute path
+    d = run_discovery(load_matrix(str(path)), FakeMeta())
+    assert d.patch.startswith("--- a/matrix/verl.yaml\n+++ b/matrix/verl.yaml\n"), d.patch[:200]
+    (tmp_path / "discover.patch").write_text(d.patch)
+    p = _git("apply", "--check", str(tmp_path / "discover.patch"), cwd=repo)
+    assert p.returncode == 0, p.stderr
+    assert _git("apply", str(tmp_path / "discover.patch"), cwd=repo).returncode == 0
+    assert path.read_text() == patch_text(_matrix_copy(MATRIX, tmp_path), d.proposals)[0]
+    # The applied matrix is the one discover planned: its new combinations plan from it.
+    ids = {c.id for c in plan(load_matrix(path), meta=FakeMeta()).combos}
+    assert {c["id"] for c in d.new_combos} <= ids and d.new_combos
+    # Outside any repository: relative to the working directory, never absolute.
+    loose = tmp_path / "loose" / "m.yaml"
+    loose.parent.mkdir()
+    loose.write_text(MATRIX)
+    assert patch_path(loose) == "matrix/m.yaml"
+    monkeypatch.chdir(tmp_path)
+    assert patch_path(loose) == "loose/m.yaml"
+
+
+def _matrix_copy(text, tmp_path):
+    p = tmp_path / "orig" / "verl.yaml"
+    p.parent.mkdir(exist_ok=True)
+    p.write_text(text)
+    return load_matrix(p)
 
 
 def test_all_releases_and_nothing_new(tmp_path):
