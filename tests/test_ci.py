@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from envbuild.build import sanitize_tag
-from envbuild.ci import WORKFLOW_FILE, _instructions, combo_selectors
+from envbuild.bake import _instructions
+from envbuild.ci import WORKFLOW_FILE, combo_selectors
 from envbuild.matrix import Selectors, load_matrix, plan
 from envbuild.paths import default_matrix
 from envbuild.render import context_hash
