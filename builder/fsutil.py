@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
+
+from .errors import InputError
+
+# A name taken from data (a combination id, a keyid) that becomes one path component: no
+# separator, no leading dot or dash, no "..", no control character, bounded length.
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,200}")
 
 
 def write_atomic(path: str | os.PathLike, data: bytes | str, mode: int = 0o644) -> Path:
@@ -32,3 +39,15 @@ def write_atomic(path: str | os.PathLike, data: bytes | str, mode: int = 0o644) 
 
 def write_json_atomic(path: str | os.PathLike, obj: object) -> Path:
     return write_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def safe_name(value: object, field: str = "id", where: str = "input") -> str:
+    """`value` if it is safe as one file name component, else InputError (exit 2).
+
+    fullmatch, not match with ^...$: `$` would let a trailing newline through.
+    """
+    if not isinstance(value, str) or not _SAFE_NAME.fullmatch(value) or ".." in value:
+        raise InputError(where, None, field, value,
+                         "not usable as a file name (letters, digits and . _ + - only, no '..', "
+                         "at most 201 characters, starting with a letter or digit)")
+    return value
