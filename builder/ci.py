@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from . import bake
+from . import notify
 from .errors import EnvbuildError, InputError
 from .fsutil import write_atomic
 
@@ -288,6 +289,9 @@ def add_arguments(p) -> None:
     pr.add_argument("--results", default="results", help="results folder with the build records (default ./results)")
     pr.add_argument("--levels", default="contract,gpu", help="comma-separated probe levels (default contract,gpu)")
     pr.add_argument("--timeout", type=float, help="seconds per level (default: the probe's per-level default)")
+    nt = sub.add_parser("notify", help="open, update and close one GitHub issue per broken combination "
+                                       "(tonight's table against the last published one); exit 1 on a regression")
+    notify.add_arguments(nt)
 
 
 def run(args) -> int:
@@ -303,7 +307,9 @@ def run(args) -> int:
         return 0
     if cmd == "probe":
         return _run_probe(args)
-    raise EnvbuildError("expected an action: github, bake, matrix or probe (envbuild ci --help)")
+    if cmd == "notify":
+        return notify.run(args)
+    raise EnvbuildError("expected an action: github, bake, matrix, probe or notify (envbuild ci --help)")
 
 
 def _run_probe(args) -> int:
