@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import itertools
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from operator import attrgetter
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from .errors import InputError
+from .selector import Selectors, add_selector_args, narrow, selectors_from_args, version_matches  # noqa: F401
 
 ENGINES = ("vllm", "sglang", "hf")
 CUDA_RE = re.compile(r"^cu\d{3}$")
@@ -48,6 +49,7 @@ class Combo:
     cuda_toolkit: str = field(default="", compare=False)
     base_image: str = field(default="", compare=False)
     glibc: str = field(default="", compare=False)
+    note: str = field(default="", compare=False)  # e.g. planned although a matrix rule excludes it
 
     @property
     def engine_label(self) -> str:
@@ -109,6 +111,7 @@ class Excluded:
 class Plan:
     combos: list[Combo]
     excluded: list[Excluded]
+    warnings: list[str] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------- YAML loading
@@ -312,45 +315,29 @@ def load_matrix(path: str | Path) -> Matrix:
 # --------------------------------------------------------------------------- expansion
 
 
-@dataclass
-class Selectors:
-    cuda: str | None = None
-    python: str | None = None
-    torch: str | None = None
-    vllm: str | None = None
-    sglang: str | None = None
-    hf: bool = False
-    verl: str | None = None
+def plan_from_args(args, meta=None, *, say=None) -> Plan:
+    """Shared by every command that takes selectors: the plan, or a clear error if empty.
+    Warnings (an excluded combination planned because it was asked for) go to `say` (stderr)."""
+    import sys
 
-    def any(self) -> bool:
-        return any(v for v in asdict(self).values())
-
-
-def add_selector_args(p) -> None:
-    p.add_argument("--matrix", default=None, help="matrix YAML (default: the bundled matrix/verl.yaml)")
-    p.add_argument("--cuda", help="CUDA variant, e.g. cu124")
-    p.add_argument("--python", help="Python version, e.g. 3.11")
-    p.add_argument("--torch", help="torch version (overrides the pin the engine implies)")
-    p.add_argument("--vllm", help="vLLM version")
-    p.add_argument("--sglang", help="SGLang version")
-    p.add_argument("--hf", action="store_true", help="the hf engine (transformers generate, no inference engine)")
-    p.add_argument("--verl", help="verl version")
+    m = matrix_from_args(args)
+    sel = selectors_from_args(args)
+    pl = plan(m, sel, meta)
+    for w in pl.warnings:
+        (say or (lambda t: print(f"warning: {t}", file=sys.stderr)))(w)
+    if not pl.combos:
+        raise InputError(m.path, None, "selectors", sel.describe(), _nothing_planned(pl, sel))
+    return pl
 
 
-def selectors_from_args(args) -> Selectors:
-    s = Selectors(cuda=args.cuda, python=args.python, torch=args.torch, vllm=args.vllm,
-                  sglang=args.sglang, hf=args.hf, verl=args.verl)
-    c = _Checker("command line", {})
-    for k in ("torch", "vllm", "sglang", "verl"):
-        if getattr(s, k) is not None:
-            c.version(getattr(s, k), ("--" + k,))
-    if s.cuda is not None:
-        c.cuda(s.cuda, ("--cuda",))
-    if s.python is not None:
-        c.string(s.python, ("--python",), re.compile(r"^3\.\d+$"), "a Python version 3.N")
-    if sum(bool(x) for x in (s.vllm, s.sglang, s.hf)) > 1:
-        c.fail(("--vllm/--sglang/--hf",), "", "pick one engine")
-    return s
+def _nothing_planned(pl: Plan, sel: Selectors) -> str:
+    if not pl.excluded:
+        return "no combination matches (see `envbuild plan` for what the matrix declares)"
+    first = pl.excluded[0]
+    more = f" (and {len(pl.excluded) - 1} more: `envbuild plan --all` lists them)" if len(pl.excluded) > 1 else ""
+    how = ("" if sel.explicit() else
+           "; to judge an excluded pair anyway, name its verl and engine versions (--verl V --vllm V)")
+    return f"excluded: {first.combo.id}: {first.reason}{more}{how}"
 
 
 def matrix_from_args(args) -> Matrix:
@@ -391,17 +378,18 @@ def plan(m: Matrix, sel: Selectors | None = None, meta=None) -> Plan:
     sel = sel or Selectors()
     meta = meta or Metadata()
     engines = dict(m.engines)
-    if sel.vllm or sel.sglang or sel.hf:
-        eng = "vllm" if sel.vllm else "sglang" if sel.sglang else "hf"
-        engines = {eng: [sel.vllm or sel.sglang or ""]}
+    if sel.engine:
+        declared = m.engines.get(sel.engine) or ([""] if sel.engine == "hf" else [])
+        engines = {sel.engine: [""] if sel.engine == "hf" else narrow(sel.engine_version, declared)}
     cudas = [sel.cuda] if sel.cuda else list(m.cuda)
     for cu in cudas:
         if cu not in m.cuda:
             raise InputError(m.path, m.lines.get(("cuda",)), "cuda", cu,
                              f"unknown CUDA variant (the matrix declares {', '.join(m.cuda)})")
     pythons = [sel.python] if sel.python else m.python
-    verls = [sel.verl] if sel.verl else m.verl
-    torch_axis = [sel.torch] if sel.torch else m.torch
+    verls = narrow(sel.verl, m.verl)
+    torch_axis = narrow(sel.torch, m.torch) if m.torch else None
+    explicit = sel.explicit()
 
     # raw combinations as plain tuples: (verl, engine, engine version, cuda, python, forced torch)
     raw: list[tuple] = [(verl, eng, ev, cu, py, None)
@@ -415,13 +403,14 @@ def plan(m: Matrix, sel: Selectors | None = None, meta=None) -> Plan:
 
     combos: list[Combo] = []
     excluded: list[Excluded] = []
+    warnings: list[str] = []
     seen: set[tuple] = set()
     why_not = _Excluder(m, meta)
     torch_memo: dict[tuple, tuple[list[str], str | None]] = {}
     for verl, eng, ev, cu, py, forced in raw:
         tk = (eng, ev, forced)
         if tk not in torch_memo:
-            torch_memo[tk] = _torch_for(eng, ev, forced, torch_axis, meta)
+            torch_memo[tk] = _torch_for(eng, ev, forced, torch_axis, sel.torch, meta)
         torches, why = torch_memo[tk]
         cv = m.cuda[cu]
         for t in torches:
@@ -430,22 +419,23 @@ def plan(m: Matrix, sel: Selectors | None = None, meta=None) -> Plan:
                 continue
             seen.add(key)
             combo = Combo(verl, eng, ev, t, cu, py, cv.toolkit, cv.base, cv.glibc)
-            reason = why or why_not(combo)
-            if reason:
-                excluded.append(Excluded(combo, reason))
+            fact = why or why_not.facts(combo)
+            rule = None if fact else why_not.rule(combo)
+            if rule and explicit and sel.matches_combo(combo):
+                # Asked for by name: a rule is an opinion about which pairs to build, so the
+                # combination is judged anyway; the rule travels with it as a note.
+                combo = replace(combo, note=f"outside the matrix: {rule}")
+                warnings.append(f"{combo.id} is excluded by a matrix rule ({rule}); planned because it was asked for")
+                rule = None
+            if fact or rule:
+                excluded.append(Excluded(combo, fact or rule))
             else:
                 combos.append(combo)
 
-    def selected(c: Combo) -> bool:
-        return ((not sel.cuda or c.cuda == sel.cuda) and (not sel.python or c.python == sel.python)
-                and (not sel.torch or c.torch == sel.torch) and (not sel.verl or c.verl == sel.verl)
-                and (not sel.vllm or (c.engine, c.engine_version) == ("vllm", sel.vllm))
-                and (not sel.sglang or (c.engine, c.engine_version) == ("sglang", sel.sglang))
-                and (not sel.hf or c.engine == "hf"))
-
     # Sort on plain tuples: dataclass ordering is ten times slower on 10^5 rows.
-    return Plan(sorted((c for c in combos if selected(c)), key=_order),
-                sorted((e for e in excluded if selected(e.combo)), key=lambda e: _order(e.combo)))
+    return Plan(sorted((c for c in combos if sel.matches_combo(c)), key=_order),
+                sorted((e for e in excluded if sel.matches_combo(e.combo)), key=lambda e: _order(e.combo)),
+                warnings)
 
 
 def _order(c: Combo) -> tuple:
@@ -453,14 +443,18 @@ def _order(c: Combo) -> tuple:
 
 
 def _torch_for(engine: str, version: str, forced: str | None, torch_axis: list[str] | None,
-               meta) -> tuple[list[str], str | None]:
-    if forced:
+               selected: str | None, meta) -> tuple[list[str], str | None]:
+    """The torch releases of one engine release: the matrix's axis, an include's, or the
+    engine's own pin; a --torch that does not select that pin overrides it (to be judged)."""
+    if forced and not (selected and not version_matches(selected, forced)):
         return [forced], None
     if torch_axis:
         return list(torch_axis), None
+    pin = meta.torch_pin(engine, version) if engine != "hf" else None
+    if selected and not (pin and version_matches(selected, pin)):
+        return [selected], None
     if engine == "hf":
         return ["?"], "the hf engine pins no torch: name one in an include entry or with --torch"
-    pin = meta.torch_pin(engine, version)
     if pin is None:
         return ["?"], f"{engine} {version} pins no exact torch version: give --torch"
     return [pin], None
@@ -481,6 +475,10 @@ class _Excluder:
         self.memo: dict[tuple, str | None] = {}
 
     def __call__(self, c: Combo) -> str | None:
+        return self.rule(c) or self.facts(c)
+
+    def rule(self, c: Combo) -> str | None:
+        """The first matrix rule that excludes the combination (an opinion: overridable by name)."""
         for rule, axes, memo in self.rules:
             key = axes(c)
             if key not in memo:
@@ -488,6 +486,10 @@ class _Excluder:
                              if _rule_matches(rule, c) else None)
             if memo[key]:
                 return memo[key]
+        return None
+
+    def facts(self, c: Combo) -> str | None:
+        """What the metadata rules out (no torch build for the variant, Python bounds): facts."""
         return self._facts(c.cuda, c.torch, c.python, c.verl, c.engine, c.engine_version)
 
     def _facts(self, cuda, torch, python, verl, engine, engine_version) -> str | None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
-from .errors import EnvbuildError
-from .matrix import Plan, add_selector_args, matrix_from_args, plan, selectors_from_args
+from .index import Metadata, snapshot
+from .matrix import add_selector_args, matrix_from_args, plan_from_args  # noqa: F401 - plan_from_args re-exported
 
 
 def add_arguments(p) -> None:
@@ -17,22 +17,7 @@ def add_arguments(p) -> None:
                    help="re-read the matrix's releases from the index and rewrite matrix/metadata.json")
 
 
-def plan_from_args(args, meta=None) -> Plan:
-    """Shared by every command that takes selectors: the plan, or a clear error if empty."""
-    m = matrix_from_args(args)
-    sel = selectors_from_args(args)
-    pl = plan(m, sel, meta)
-    if not pl.combos:
-        hint = ""
-        if pl.excluded:
-            hint = "; excluded: " + "; ".join(f"{e.combo.id}: {e.reason}" for e in pl.excluded[:3])
-        raise EnvbuildError(f"no combination in {m.path} matches the selectors{hint}")
-    return pl
-
-
 def run(args) -> int:
-    from .index import Metadata
-
     meta = Metadata()
     if args.refresh_metadata:
         _refresh(args, meta)
@@ -61,9 +46,6 @@ def run(args) -> int:
 
 def _refresh(args, meta) -> None:
     """Fetch metadata for every release the matrix names and record it (matrix/metadata.json)."""
-    from .index import snapshot
-    from .matrix import matrix_from_args
-
     m = matrix_from_args(args)
     meta._snap = {}  # read everything afresh (the disk cache still saves requests)
     keys = [("verl", v) for v in m.verl]

@@ -112,7 +112,8 @@ def test_matrix_rows_name_exactly_one_combination(run_cli):
         pairs = [x for x in a if x != "--hf"]
         kv = dict(zip(pairs[::2], pairs[1::2]))
         sel = Selectors(verl=kv["--verl"], torch=kv["--torch"], cuda=kv["--cuda"], python=kv["--python"],
-                        vllm=kv.get("--vllm"), sglang=kv.get("--sglang"), hf="--hf" in a)
+                        engine="hf" if "--hf" in a else "vllm" if "--vllm" in kv else "sglang",
+                        engine_version=kv.get("--vllm") or kv.get("--sglang"))
         assert [c.id for c in plan(m, sel).combos] == [r["id"]]
 
 
@@ -263,5 +264,5 @@ def test_bake_print_with_buildx_when_available(baked):
 
 def test_combo_selectors_for_hf():
     m = load_matrix(default_matrix())
-    hf = next(c for c in plan(m, Selectors(verl="0.4.1", hf=True)).combos)
+    hf = next(c for c in plan(m, Selectors(verl="0.4.1", engine="hf")).combos)
     assert combo_selectors(hf) == f"--verl 0.4.1 --hf --torch {hf.torch} --cuda {hf.cuda} --python {hf.python}"

@@ -1,12 +1,13 @@
 """Layered locks. Offline tests use recorded data; `network` tests resolve for real with uv."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
 from envbuild.index import Metadata
 from envbuild.lock import Locker, era, layer_text, parse_lock
-from envbuild.matrix import Selectors, load_matrix, plan
+from envbuild.matrix import load_matrix, plan, selectors_from_args
 from envbuild.paths import default_matrix
 
 UV_OUT = """\
@@ -39,7 +40,7 @@ def test_era_is_newest_release_plus_grace():
 
 
 def combo(**sel):
-    return plan(load_matrix(default_matrix()), Selectors(**sel), meta=Metadata(online=False)).combos[0]
+    return plan(load_matrix(default_matrix()), selectors_from_args(SimpleNamespace(**sel)), meta=Metadata(online=False)).combos[0]
 
 
 def test_non_default_variant_without_pytorch_index_is_infrastructure(monkeypatch, isolated_cache):

@@ -2,6 +2,7 @@
 
 import json
 import re
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -9,7 +10,7 @@ from hypothesis import strategies as st
 
 from envbuild.errors import EnvbuildError, InputError
 from envbuild.index import Metadata
-from envbuild.matrix import Combo, Selectors, load_matrix, plan
+from envbuild.matrix import Combo, Selectors, load_matrix, plan, selectors_from_args
 from envbuild.paths import default_matrix
 
 OFFLINE = Metadata(online=False)
@@ -49,7 +50,7 @@ def test_default_matrix_covers_the_landscape():
 
 
 def test_torch_comes_from_the_engine_pin_not_from_the_yaml():
-    pl = plan(load_matrix(default_matrix()), Selectors(cuda="cu124", vllm="0.8.4"), meta=OFFLINE)
+    pl = plan(load_matrix(default_matrix()), Selectors(cuda="cu124", engine="vllm", engine_version="0.8.4"), meta=OFFLINE)
     assert pl.combos and {c.torch for c in pl.combos} == {"2.6.0"}
 
     class Fake(Metadata):
@@ -59,7 +60,7 @@ def test_torch_comes_from_the_engine_pin_not_from_the_yaml():
         def requires_python(self, name, version):
             return "" if name == "torch" else super().requires_python(name, version)
 
-    pl = plan(load_matrix(default_matrix()), Selectors(cuda="cu124", vllm="0.8.4"), meta=Fake(online=False))
+    pl = plan(load_matrix(default_matrix()), Selectors(cuda="cu124", engine="vllm", engine_version="0.8.4"), meta=Fake(online=False))
     assert {c.torch for c in pl.combos} == {"2.6.1"}
 
 
@@ -96,14 +97,48 @@ def test_excluded_with_reason_and_line(tmp_path):
 def test_selectors_narrow_and_empty_selection_fails(tmp_path, run_cli):
     m = load_matrix(write(tmp_path, SMALL))
     assert {c.verl for c in plan(m, Selectors(verl="0.6.0"), meta=OFFLINE).combos} == {"0.6.0"}
-    p = run_cli("plan", "--matrix", tmp_path / "m.yaml", "--vllm", "0.9.1", "--verl", "0.4.1")
-    assert p.returncode != 0
-    assert "no combination" in p.stderr and "too new for old verl" in p.stderr
-    assert "Traceback" not in p.stderr
+    # nothing left, and not asked for by name: exit 2, naming the rule and how to ask anyway
+    p = run_cli("plan", "--matrix", tmp_path / "m.yaml", "--vllm", "0.9.1", "--cuda", "cu124")
+    assert p.returncode == 2, p.stderr
+    assert "too new for old verl" in p.stderr or "no cu124 build" in p.stderr
+    assert "name its verl and engine versions" in p.stderr
+    assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_an_excluded_pair_asked_for_by_name_is_planned_with_the_rule_as_a_note(tmp_path, run_cli):
+    p = write(tmp_path, SMALL)
+    p = run_cli("plan", "--matrix", tmp_path / "m.yaml", "--vllm", "0.9.1",
+                "--verl", "0.4.1", "--json")
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(p.stdout)
+    assert [r["id"] for r in rows] == ["verl0.4.1-vllm0.9.1-torch2.7.0-cu126-py3.11"]
+    assert "too new for old verl" in rows[0]["note"] and rows[0]["note"].startswith("outside the matrix")
+    assert "excluded by a matrix rule" in p.stderr
+    # a fact (no torch 2.7.0 build for cu124) is never overridden
+    p = run_cli("plan", "--matrix", tmp_path / "m.yaml", "--vllm", "0.9.1", "--verl", "0.4.1", "--cuda", "cu124")
+    assert p.returncode == 2 and "no cu124 build" in p.stderr
+
+
+def test_one_selector_grammar_cuda_spellings_and_version_prefixes(tmp_path):
+    from envbuild.selector import version_matches
+
+    m = load_matrix(write(tmp_path, SMALL))
+    by_cu = plan(m, selectors_from_args(SimpleNamespace(cuda="12.6")), meta=OFFLINE).combos
+    assert by_cu and {c.cuda for c in by_cu} == {"cu126"}
+    assert by_cu == plan(m, selectors_from_args(SimpleNamespace(cuda="cu126")), meta=OFFLINE).combos
+    prefix = plan(m, selectors_from_args(SimpleNamespace(vllm="0.8")), meta=OFFLINE).combos
+    assert {c.engine_version for c in prefix} == {"0.8.4"}
+    assert selectors_from_args(SimpleNamespace(engine="vllm", vllm="0.8.4")).engine_version == "0.8.4"
+    with pytest.raises(InputError):
+        selectors_from_args(SimpleNamespace(engine="sglang", vllm="0.8.4"))
+    with pytest.raises(InputError):
+        selectors_from_args(SimpleNamespace(cuda="12"))
+    assert version_matches("0.8", "0.8.5.post1") and version_matches("2.6", "2.6.0")
+    assert not version_matches("0.8.5", "0.8.5.post1") and not version_matches("0.8", "0.9.1")
 
 
 def test_explicit_torch_overrides_the_pin_so_lock_can_judge_it(tmp_path):
-    pl = plan(load_matrix(write(tmp_path, SMALL)), Selectors(vllm="0.8.4", torch="2.7.0", cuda="cu126"),
+    pl = plan(load_matrix(write(tmp_path, SMALL)), Selectors(engine="vllm", engine_version="0.8.4", torch="2.7.0", cuda="cu126"),
               meta=OFFLINE)
     assert [c.torch for c in pl.combos] == ["2.7.0", "2.7.0"]
 

@@ -1,0 +1,149 @@
+"""One selector grammar for every command that selects combinations (plan, lock, render, build,
+probe --ray, ci, pick).
+
+Flags: --cuda (cu126 or 12.6), --python 3.N, --torch V, --engine vllm|sglang|hf with the
+shortcuts --vllm V, --sglang V, --hf, --verl V, --matrix FILE.
+
+A version selects by release prefix: `--vllm 0.8` selects 0.8.4 and 0.8.5.post1; `--vllm 0.8.5`
+selects 0.8.5 only (not 0.8.5.post1: same number of release segments means exact). When a
+selected version matches nothing the matrix declares, it is planned as given (so that
+`--torch 2.7.0 --vllm 0.8.4` can be judged); pick only filters.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+
+from packaging.version import InvalidVersion, Version
+
+from .errors import InputError
+from .vocab import ENGINES, parse_cuda
+
+_PY_RE = re.compile(r"3\.\d{1,2}")
+_WHERE = "command line"
+
+
+@dataclass(frozen=True)
+class Selectors:
+    cuda: str | None = None  # a variant name: cu126
+    python: str | None = None
+    torch: str | None = None
+    engine: str | None = None  # vllm | sglang | hf
+    engine_version: str | None = None
+    verl: str | None = None
+
+    def any(self) -> bool:
+        return any(v for v in asdict(self).values())
+
+    def explicit(self) -> bool:
+        """Names one verl release and one engine release: the user asks about exactly that stack."""
+        return bool(self.verl and self.engine and (self.engine_version or self.engine == "hf"))
+
+    def matches(self, *, cuda=None, python=None, torch=None, engine=None, engine_version=None, verl=None) -> bool:
+        if self.cuda and parse_cuda(cuda) != self.cuda:
+            return False
+        if self.python and str(python) != self.python:
+            return False
+        if self.engine and engine != self.engine:
+            return False
+        for want, have in ((self.torch, torch), (self.engine_version, engine_version), (self.verl, verl)):
+            if want and not version_matches(want, have):
+                return False
+        return True
+
+    def matches_combo(self, c) -> bool:
+        return self.matches(cuda=c.cuda, python=c.python, torch=c.torch, engine=c.engine,
+                            engine_version=c.engine_version, verl=c.verl)
+
+    def describe(self) -> str:
+        """The selectors as flags, for messages."""
+        parts = []
+        for k in ("verl", "engine", "engine_version", "torch", "cuda", "python"):
+            v = getattr(self, k)
+            if v and k == "engine_version":
+                continue
+            if v and k == "engine":
+                parts.append(f"--{v} {self.engine_version}" if self.engine_version else
+                             ("--hf" if v == "hf" else f"--engine {v}"))
+            elif v:
+                parts.append(f"--{k} {v}")
+        return " ".join(parts) or "(no selectors)"
+
+
+@lru_cache(maxsize=65536)
+def _parse(v: str) -> Version | None:
+    try:
+        return Version(v)
+    except InvalidVersion:
+        return None
+
+
+@lru_cache(maxsize=65536)
+def version_matches(want: str, have: object) -> bool:
+    """Exact (PEP 440 equality: 2.6 == 2.6.0), or a release prefix with fewer segments."""
+    if have is None:
+        return False
+    w, h = _parse(str(want)), _parse(str(have))
+    if w is None or h is None:
+        return str(want) == str(have)
+    if w == h:
+        return True
+    plain = w.pre is None and w.post is None and w.dev is None and not w.local
+    n = len(w.release)
+    return plain and n < len(h.release) and h.release[:n] == w.release
+
+
+def narrow(want: str | None, declared: list[str]) -> list[str]:
+    """The declared values a selector picks; the selector itself when it picks none of them."""
+    if not want:
+        return list(declared)
+    hits = [d for d in declared if version_matches(want, d)]
+    return hits or [want]
+
+
+def add_selector_args(p) -> None:
+    p.add_argument("--matrix", default=None, help="matrix YAML (default: the bundled matrix/verl.yaml)")
+    p.add_argument("--cuda", help="CUDA variant: cu126 or 12.6")
+    p.add_argument("--python", help="Python version, e.g. 3.11")
+    p.add_argument("--torch", help="torch version or prefix (overrides the pin the engine implies)")
+    p.add_argument("--engine", choices=ENGINES, help="engine; --vllm V / --sglang V / --hf are shortcuts")
+    p.add_argument("--vllm", metavar="V", help="vLLM version or prefix (0.8 selects 0.8.x)")
+    p.add_argument("--sglang", metavar="V", help="SGLang version or prefix")
+    p.add_argument("--hf", action="store_true", help="the hf engine (transformers generate, no inference engine)")
+    p.add_argument("--verl", metavar="V", help="verl version or prefix")
+
+
+def _version(flag: str, v: str | None) -> str | None:
+    if v is None:
+        return None
+    if not isinstance(v, str) or len(v) > 64 or _parse(v) is None or not re.fullmatch(r"[0-9A-Za-z.!+-]+", v):
+        raise InputError(_WHERE, None, flag, v, "not a PEP 440 version (e.g. 0.8.4, or 0.8 for every 0.8.x)")
+    return v
+
+
+def selectors_from_args(args) -> Selectors:
+    g = lambda k: getattr(args, k, None)  # noqa: E731 - not every command has every flag
+    cuda = g("cuda")
+    if cuda is not None:
+        norm = parse_cuda(cuda)
+        if norm is None or norm == "cpu":
+            raise InputError(_WHERE, None, "--cuda", cuda, "not a CUDA variant (cu126 or 12.6)")
+        cuda = norm
+    python = g("python")
+    if python is not None and not _PY_RE.fullmatch(python):
+        raise InputError(_WHERE, None, "--python", python, "not a Python version 3.N")
+    shortcuts = [(e, g(e)) for e in ("vllm", "sglang") if g(e)] + ([("hf", "")] if g("hf") else [])
+    if len(shortcuts) > 1:
+        raise InputError(_WHERE, None, "--vllm/--sglang/--hf", " ".join(f"--{e}" for e, _ in shortcuts),
+                         "pick one engine")
+    engine, ev = g("engine"), None
+    if shortcuts:
+        e, ev = shortcuts[0]
+        if engine and engine != e:
+            raise InputError(_WHERE, None, "--engine", engine, f"conflicts with --{e}")
+        engine = e
+    return Selectors(cuda=cuda, python=python, torch=_version("--torch", g("torch")), engine=engine,
+                     engine_version=_version(f"--{engine}", ev) if ev else None,
+                     verl=_version("--verl", g("verl")))
