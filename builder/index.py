@@ -13,6 +13,7 @@ Metadata of a release never changes, so it is cached on disk and a recorded snap
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -27,10 +28,28 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from .errors import InfraError
+from .errors import InfraError, InputError
 
 PYTORCH_INDEX_ENV = "ENVBUILD_PYTORCH_INDEX"
 TIMEOUT = 30
+# An index URL reaches uv, a BuildKit secret, a CI script and (redacted) a Dockerfile LABEL:
+# http(s) and the characters RFC 3986 allows, less quotes, parentheses, `;`, `*`, `$` and any
+# whitespace (a quote in ENVBUILD_PYTORCH_INDEX once injected a LABEL). Credentials with other
+# characters are written percent-encoded, as URLs require anyway.
+_INDEX_URL_RE = re.compile(r"https?://[A-Za-z0-9._~:/?#\[\]@!&+,=%-]+\Z")
+
+
+def check_index_url(url: str, source: str, where: str = "environment") -> str:
+    """`url` if it is a plain http(s) URL with a host; else an InputError naming its source."""
+    try:
+        ok = bool(_INDEX_URL_RE.fullmatch(url)) and bool(urllib.parse.urlsplit(url).hostname)
+    except ValueError:  # e.g. an unbalanced [ in the host
+        ok = False
+    if not ok:
+        shown = re.sub(r"//[^/@]*@", "//***@", url)  # never print a credential, even a malformed one
+        raise InputError(where, None, source, shown,
+                         "not an http(s) URL (no whitespace, quotes or $; percent-encode credentials)")
+    return url
 
 
 # --------------------------------------------------------------------------- which index
@@ -41,12 +60,12 @@ def default_index_url() -> str:
     """The simple-API URL pip/uv are configured with (credentials included, if any)."""
     for var in ("UV_DEFAULT_INDEX", "UV_INDEX_URL", "PIP_INDEX_URL"):
         if os.environ.get(var):
-            return os.environ[var].rstrip("/")
+            return check_index_url(os.environ[var], var).rstrip("/")
     try:
         out = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.index-url"],
                              capture_output=True, text=True, timeout=20)
         if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip().rstrip("/")
+            return check_index_url(out.stdout.strip(), "global.index-url", "pip config").rstrip("/")
     except (OSError, subprocess.TimeoutExpired):
         pass
     # pip's own default: the same index uv uses when nothing is configured.
@@ -76,16 +95,22 @@ class TorchSource:
         return "default" if self.url is None else "pytorch"
 
 
+def pytorch_index_root() -> str:
+    """The configured PyTorch index root (ENVBUILD_PYTORCH_INDEX), checked; "" when unset."""
+    root = os.environ.get(PYTORCH_INDEX_ENV, "")
+    return check_index_url(root, PYTORCH_INDEX_ENV).rstrip("/") if root else ""
+
+
 def pytorch_index_url(root: str, variant: str) -> str:
     """The PyTorch index of one CUDA variant, under the configured root."""
-    return f"{root.rstrip('/')}/{variant}"
+    return check_index_url(f"{root.rstrip('/')}/{variant}", PYTORCH_INDEX_ENV)
 
 
 def torch_source(variant: str, torch_version: str, meta: "Metadata") -> TorchSource:
     default = meta.default_cuda(torch_version)
     if default == variant:
         return TorchSource(variant, default, None)
-    root = os.environ.get(PYTORCH_INDEX_ENV, "").rstrip("/")
+    root = pytorch_index_root()
     if not root:
         raise InfraError(
             "index-unreachable",
@@ -196,6 +221,17 @@ def _norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+_CACHE_KEY_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,63}==[A-Za-z0-9][A-Za-z0-9.!+_-]{0,63}\Z")
+
+
+def _cache_name(key: str) -> str:
+    """The metadata cache file of `name==version`: the key when it is short and plain, else its
+    hash, so that no version string (400 characters, a slash, a newline) becomes a bad path."""
+    if _CACHE_KEY_RE.fullmatch(key):
+        return f"{key}.json"
+    return "sha256-" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest() + ".json"
+
+
 def _wheel_rank(filename: str) -> int:
     """Prefer the wheel a Linux x86_64 CPython 3.11 image would install."""
     if not filename.endswith(".whl"):
@@ -275,9 +311,14 @@ class Metadata:
         if key in self._mem:
             return self._mem[key]
         rec = self._snap.get(key)
-        cpath = self._cache / f"{key}.json"
+        cpath = self._cache / _cache_name(key)
         if rec is None and cpath.exists():
-            rec = json.loads(cpath.read_text())
+            try:
+                rec = json.loads(cpath.read_text())
+            except (OSError, ValueError):
+                rec = None  # a truncated or foreign cache file: read the index again
+            if not isinstance(rec, dict):
+                rec = None
         if rec is None:
             if not self.online:
                 raise InfraError("metadata-missing", f"no recorded metadata for {key} (offline)")

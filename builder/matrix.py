@@ -15,15 +15,30 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from . import yamlsafe
 from .errors import InputError
 from .selector import Selectors, add_selector_args, narrow, selectors_from_args, version_matches  # noqa: F401
 
 ENGINES = ("vllm", "sglang", "hf")
-CUDA_RE = re.compile(r"^cu\d{3}$")
+# Field patterns, used with fullmatch. They end in \Z, not $ ($ also matches before a trailing
+# newline, which then reaches Dockerfiles, lock headers and directory names), so a stray
+# .match() is safe too; re.ASCII so \d and \w do not accept other scripts' digits and letters.
+CUDA_RE = re.compile(r"cu\d{3}\Z", re.ASCII)
 # A docker image reference: registry/path:tag@digest, nothing a shell would interpret.
-IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*[a-z0-9](?::[\w][\w.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$")
-SAFE_STR_RE = re.compile(r"^[A-Za-z0-9_.,:/@=<>!~*+ -]*$")
-DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+IMAGE_RE = re.compile(r"[a-z0-9][a-z0-9._/:-]{0,253}[a-z0-9](?::\w[\w.-]{0,127})?(?:@sha256:[0-9a-f]{64})?\Z",
+                      re.ASCII)
+SAFE_STR_RE = re.compile(r"[A-Za-z0-9_.,:/@=<>!~*+ -]*\Z")
+DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}\Z", re.ASCII)
+# The characters of a PEP 440 version (parsed by packaging afterwards, which would also accept
+# surrounding whitespace); 64 characters bound every name built from it (tags, cache files).
+VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.!+_-]{0,63}\Z")
+TOOLKIT_RE = re.compile(r"\d{1,2}\.\d{1,2}\Z", re.ASCII)
+GLIBC_RE = re.compile(r"2\.\d{1,3}\Z", re.ASCII)
+PYTHON_RE = re.compile(r"3\.\d{1,2}\Z", re.ASCII)
+ENGINE_RE = re.compile("(?:" + "|".join(ENGINES) + r")\Z")
+MAX_STR = 256  # any other string field (specifiers, reasons, image references)
+# A matrix is a few KB; these bounds stop hostile YAML long before it costs time or memory.
+MATRIX_MAX_BYTES, MATRIX_MAX_DEPTH, MATRIX_MAX_NODES = 256 * 1024, 16, 20_000
 
 
 # --------------------------------------------------------------------------- data classes
@@ -117,42 +132,6 @@ class Plan:
 # --------------------------------------------------------------------------- YAML loading
 
 
-def _load_yaml_with_lines(path: str, text: str) -> tuple[Any, dict[tuple, int]]:
-    """Plain Python data plus a map from key path to 1-based line number."""
-    import yaml
-
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = mark.line + 1 if mark else None
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise InputError(path, line, "yaml", "", f"malformed YAML: {problem}") from None
-    lines: dict[tuple, int] = {}
-    ctor = yaml.SafeLoader("")
-
-    def conv(n, p: tuple):
-        lines[p] = n.start_mark.line + 1
-        if isinstance(n, yaml.MappingNode):
-            out = {}
-            for k, v in n.value:
-                key = ctor.construct_object(k)
-                if not isinstance(key, str):
-                    raise InputError(path, k.start_mark.line + 1, ".".join(map(str, p)) or "top", key,
-                                     "keys must be strings")
-                if key in out:
-                    raise InputError(path, k.start_mark.line + 1, ".".join(map(str, p + (key,))), key,
-                                     "duplicate key")
-                lines[p + (key,)] = k.start_mark.line + 1
-                out[key] = conv(v, p + (key,))
-            return out
-        if isinstance(n, yaml.SequenceNode):
-            return [conv(v, p + (i,)) for i, v in enumerate(n.value)]
-        return ctor.construct_object(n)
-
-    return (conv(node, ()) if node is not None else None), lines
-
-
 class _Checker:
     """Validates one file; every error carries file, line, field, value."""
 
@@ -182,9 +161,11 @@ class _Checker:
         if not isinstance(v, str):
             hint = " (quote it: YAML reads 0.10 as the number 0.1)" if isinstance(v, (int, float)) else ""
             self.fail(p, v, f"expected a quoted string{hint}")
-        if not SAFE_STR_RE.match(v):
-            self.fail(p, v, "contains characters that are not allowed (shell metacharacters?)")
-        if rx is not None and not rx.match(v):
+        if len(v) > MAX_STR:
+            self.fail(p, v, f"longer than {MAX_STR} characters")
+        if not SAFE_STR_RE.fullmatch(v):
+            self.fail(p, v, "contains characters that are not allowed (shell metacharacters, newlines?)")
+        if rx is not None and not rx.fullmatch(v):
             self.fail(p, v, f"not {what}")
         return v
 
@@ -192,6 +173,8 @@ class _Checker:
         from packaging.version import InvalidVersion, Version
 
         s = self.string(v, p)
+        if not VERSION_RE.fullmatch(s):
+            self.fail(p, v, "not a PEP 440 version (at most 64 characters, no spaces)")
         try:
             ver = Version(s)
         except InvalidVersion:
@@ -218,6 +201,14 @@ class _Checker:
             self.fail(p, v, "expected a non-empty list")
         return [item(x, p + (i,)) for i, x in enumerate(v)]
 
+    def optional_list(self, v, p) -> list:
+        """An optional list (include, exclude): absent or null is empty; anything else must be a list."""
+        if v is None:
+            return []
+        if not isinstance(v, list):
+            self.fail(p, v, "expected a list")
+        return v
+
 
 TOP_KEYS = {"schema", "image", "grace_days", "python", "cuda", "torch", "engines", "verl", "include", "exclude"}
 AXES = ("cuda", "python", "torch", "engine", "vllm", "sglang", "verl")
@@ -225,16 +216,13 @@ AXES = ("cuda", "python", "torch", "engine", "vllm", "sglang", "verl")
 
 def load_matrix(path: str | Path) -> Matrix:
     path = str(path)
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise InputError(path, None, "file", path, f"cannot read: {e.strerror}") from None
-    data, lines = _load_yaml_with_lines(path, text)
+    data, lines = yamlsafe.load(path, max_bytes=MATRIX_MAX_BYTES, max_depth=MATRIX_MAX_DEPTH,
+                                max_nodes=MATRIX_MAX_NODES)
     c = _Checker(path, lines)
     if data is None:
         c.fail((), None, "empty matrix")
     c.mapping(data, (), TOP_KEYS, required=("cuda", "python", "engines", "verl"))
-    if data.get("schema", 1) != 1:
+    if type(data.get("schema", 1)) is not int or data.get("schema", 1) != 1:
         c.fail(("schema",), data["schema"], "unsupported schema (expected 1)")
     image = c.string(data.get("image", "envbuild/verl"), ("image",), IMAGE_RE, "an image repository")
     grace = data.get("grace_days", 14)
@@ -249,15 +237,15 @@ def load_matrix(path: str | Path) -> Matrix:
         c.mapping(spec, p, {"toolkit", "base", "glibc", "torch"}, required=("toolkit", "base", "glibc", "torch"))
         cuda[name] = CudaVariant(
             name=name,
-            toolkit=c.string(spec["toolkit"], p + ("toolkit",), re.compile(r"^\d+\.\d+$"), "MAJOR.MINOR"),
+            toolkit=c.string(spec["toolkit"], p + ("toolkit",), TOOLKIT_RE, "MAJOR.MINOR"),
             base=c.string(spec["base"], p + ("base",), IMAGE_RE, "an image reference"),
-            glibc=c.string(spec["glibc"], p + ("glibc",), re.compile(r"^2\.\d+$"), "a glibc version 2.N"),
+            glibc=c.string(spec["glibc"], p + ("glibc",), GLIBC_RE, "a glibc version 2.N"),
             torch=c.specifier(spec["torch"], p + ("torch",)),
         )
         if name != "cu" + spec["toolkit"].replace(".", ""):
             c.fail(p + ("toolkit",), spec["toolkit"], f"does not match the variant name {name}")
 
-    python = c.lst(data["python"], ("python",), lambda v, p: c.string(v, p, re.compile(r"^3\.\d+$"), "a Python version 3.N"))
+    python = c.lst(data["python"], ("python",), lambda v, p: c.string(v, p, PYTHON_RE, "a Python version 3.N"))
     torch_axis = data.get("torch", "auto")
     torch = None if torch_axis == "auto" else c.lst(torch_axis, ("torch",), c.version)
 
@@ -265,7 +253,7 @@ def load_matrix(path: str | Path) -> Matrix:
     engines: dict[str, list[str]] = {}
     for eng, versions in data["engines"].items():
         if eng == "hf":
-            if versions not in (True, [], None):
+            if not (versions is True or versions is None or versions == []):
                 c.fail(("engines", "hf"), versions, "hf takes no versions: write `hf: true`")
             engines["hf"] = [""]
         else:
@@ -276,22 +264,26 @@ def load_matrix(path: str | Path) -> Matrix:
         if k == "cuda":
             return c.cuda(v, p)
         if k == "engine":
-            return c.string(v, p, re.compile("^(" + "|".join(ENGINES) + ")$"), "an engine: " + ", ".join(ENGINES))
+            return c.string(v, p, ENGINE_RE, "an engine: " + ", ".join(ENGINES))
         if k == "python":
-            return c.string(v, p, re.compile(r"^3\.\d+$"), "a Python version 3.N")
+            return c.string(v, p, PYTHON_RE, "a Python version 3.N")
         return c.version(v, p)
 
     include = []
-    for i, inc in enumerate(data.get("include") or []):
+    for i, inc in enumerate(c.optional_list(data.get("include"), ("include",))):
         p = ("include", i)
         c.mapping(inc, p, set(AXES), required=("verl",))
         d = {k: axis_value(k, v, p + (k,)) for k, v in inc.items()}
         if sum(k in d for k in ("vllm", "sglang")) > 1 or ("engine" in d and ({"vllm", "sglang"} & d.keys())):
             c.fail(p, inc, "name exactly one engine: vllm, sglang or engine: hf")
+        if d.get("engine") in ("vllm", "sglang"):
+            c.fail(p + ("engine",), d["engine"], f"an engine needs its version: write `{d['engine']}: X.Y.Z`")
+        if "cuda" in d and d["cuda"] not in cuda:
+            c.fail(p + ("cuda",), d["cuda"], f"unknown CUDA variant (the matrix declares {', '.join(cuda)})")
         include.append(d)
 
     exclude = []
-    for i, ex in enumerate(data.get("exclude") or []):
+    for i, ex in enumerate(c.optional_list(data.get("exclude"), ("exclude",))):
         p = ("exclude", i)
         c.mapping(ex, p, set(AXES) | {"reason"}, required=("reason",))
         reason = c.string(ex["reason"], p + ("reason",))

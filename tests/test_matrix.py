@@ -199,3 +199,182 @@ def test_fuzzed_values_give_clean_errors_only(tmp_path, field, value):
         assert "\n" not in str(e) and "fuzz.yaml" in str(e)
     except EnvbuildError:
         pass  # e.g. a fuzzed version that is not on the index: still a clean, expected error
+
+
+# --------------------------------------------------------------------------- hostile input (issue 14)
+
+REAL = default_matrix().read_text()
+_HF_INCLUDE = '{verl: "0.4.1", engine: hf, torch: "2.6.0"}'
+
+
+def _without_include(text):
+    return text[:text.index("include:")] + "include: true\n\n" + text[text.index("exclude:"):]
+
+
+def _alias_bomb(levels):
+    rows = ['lol0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    rows += [f"lol{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels + 1)]
+    return "\n".join(rows) + "\n" + REAL
+
+
+# (name, matrix text, field in the message, why in the message)
+HOSTILE = [
+    ("alias bomb under an unknown key", _alias_bomb(9), "lol0", "anchors are not allowed"),
+    ("alias without anchor", REAL.replace('python: ["3.11"]', "python: *py"), "python", "aliases are not allowed"),
+    ("include: true", _without_include(REAL), "include", "expected a list"),
+    ("include with an undeclared CUDA variant", REAL.replace(_HF_INCLUDE, _HF_INCLUDE[:-1] + ", cuda: cu999}"),
+     "include.0.cuda", "unknown CUDA variant"),
+    ("include: an engine without a version", REAL.replace(_HF_INCLUDE, _HF_INCLUDE.replace("hf", "vllm")),
+     "include.0.engine", "needs its version"),
+    ("merge key", REAL.replace('cu124: {toolkit: "12.4",', 'cu124: {<<: {glibc: "2.35"}, toolkit: "12.4",'),
+     "cuda.cu124", "merge keys"),
+    ("python object tag", REAL.replace("grace_days: 14", "grace_days: !!python/object/apply:os.system [id]"),
+     "grace_days", "tags are not allowed"),
+    ("custom tag", REAL.replace("torch: auto", "torch: !auto x"), "torch", "tags are not allowed"),
+    ("1,000 nested lists", REAL + "deep: " + "[" * 1000 + "]" * 1000 + "\n", "deep.0.0", "nested deeper"),
+    ("5,000-digit integer", REAL.replace("grace_days: 14", "grace_days: 1" + "0" * 5000), "grace_days",
+     "number longer"),
+    ("hex integer of 20,000 digits", REAL.replace("grace_days: 14", "grace_days: 0x" + "f" * 20000), "grace_days",
+     "number longer"),
+    ("400-character version", REAL.replace('verl: ["0.4.1",', 'verl: ["0.4.' + "1" * 400 + '",'), "verl.0",
+     "longer than"),
+    ("100-character version", REAL.replace('verl: ["0.4.1",', 'verl: ["0.4.' + "1" * 100 + '",'), "verl.0",
+     "PEP 440"),
+    ("version with a trailing newline", REAL.replace('verl: ["0.4.1",', 'verl: ["0.4.1\\n",'), "verl.0",
+     "not allowed"),
+    ("version with a trailing space", REAL.replace('verl: ["0.4.1",', 'verl: ["0.4.1 ",'), "verl.0", "PEP 440"),
+    ("base with a trailing newline", REAL.replace('12.4.1-cudnn-devel-ubuntu22.04"', '12.4.1-cudnn-devel-ubuntu22.04\\n"'),
+     "cuda.cu124.base", "not allowed"),
+    ("glibc with a trailing newline", REAL.replace('glibc: "2.39"', 'glibc: "2.39\\n"'), "cuda.cu130.glibc",
+     "not allowed"),
+    ("python with a trailing newline", REAL.replace('python: ["3.11"]', 'python: ["3.11\\n"]'), "python.0",
+     "not allowed"),
+    ("cuda name in another script's digits", REAL.replace("cu121: {", "cu١٢١: {"), "cuda.cu١٢١", "not allowed"),
+    ("timestamp that is no date", REAL.replace("grace_days: 14", "grace_days: 2024-13-45"), "grace_days",
+     "cannot read"),
+    ("two documents", REAL + "---\nschema: 1\n", "yaml", "single document"),
+    ("a list as a key", REAL + "? [a]\n: 1\n", "top", "plain value"),
+    ("control character", REAL.replace("grace_days: 14", "grace_days: 1\x074"), "yaml", "not allowed"),
+    ("schema: true", REAL.replace("schema: 1", "schema: true"), "schema", "unsupported"),
+    ("hf: 1", REAL.replace("hf: true", "hf: 1"), "engines.hf", "no versions"),
+]
+
+
+@pytest.mark.parametrize("text,field,why", [h[1:] for h in HOSTILE], ids=[h[0] for h in HOSTILE])
+def test_hostile_matrix_is_one_clean_line(tmp_path, capsys, text, field, why):
+    from envbuild.cli import main
+
+    p = write(tmp_path, text)
+    assert main(["plan", "--matrix", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert f"{p}:" in err and f": {field}" in err and why in err, err
+
+
+def test_latin1_matrix_names_the_line(tmp_path, capsys):
+    from envbuild.cli import main
+
+    p = tmp_path / "m.yaml"
+    p.write_bytes(REAL.replace("# The default", "# Caf\xe9: the default").encode("latin-1"))
+    assert main(["plan", "--matrix", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{p}:1: encoding=" in err and "not UTF-8" in err, err
+
+
+def test_a_fifo_or_a_huge_file_is_refused_without_reading_it(tmp_path, capsys):
+    import os
+
+    from envbuild.cli import main
+
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)  # no writer: opening it for reading would block forever
+    assert main(["plan", "--matrix", str(fifo)]) == 2
+    assert "not a regular file" in capsys.readouterr().err
+    big = tmp_path / "big.yaml"
+    with open(big, "wb") as f:
+        f.truncate(1 << 30)  # sparse: 1 GiB of nothing, never read
+    assert main(["plan", "--matrix", str(big)]) == 2
+    assert "larger than the limit" in capsys.readouterr().err
+
+
+def test_alias_bomb_and_deep_nesting_as_a_subprocess_stay_small_and_fast(tmp_path, run_cli):
+    """The reported case: 551 bytes that ran past 120 s and 6.4 GB. Under a 1 GiB address-space
+    limit and a 60 s timeout it must be refused at once."""
+    import resource
+    import subprocess
+    import sys
+
+    for name, text in (("bomb.yaml", _alias_bomb(9)), ("deep.yaml", "a: " + "[" * 100_000)):
+        p = write(tmp_path, text, name)
+        r = subprocess.run([sys.executable, "-m", "envbuild", "plan", "--matrix", str(p)], capture_output=True,
+                           text=True, timeout=60,
+                           preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30)))
+        assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_yamlsafe_bounds_are_parameters(tmp_path):
+    from envbuild import yamlsafe
+
+    assert yamlsafe.load("x.yaml", text="a: {b: [1, 2]}") == ({"a": {"b": [1, 2]}},
+                                                               {(): 1, ("a",): 1, ("a", "b"): 1, ("a", "b", 0): 1,
+                                                                ("a", "b", 1): 1})
+    with pytest.raises(InputError, match="deeper than 2"):
+        yamlsafe.load("x.yaml", text="a: {b: [1]}", max_depth=2)
+    with pytest.raises(InputError, match="more than 3 YAML nodes"):
+        yamlsafe.load("x.yaml", text="[1, 2, 3]", max_nodes=3)
+    with pytest.raises(InputError, match="larger than the limit"):
+        yamlsafe.load("x.yaml", text="a: 1\n" * 10, max_bytes=20)
+    assert yamlsafe.load("x.yaml", text="a: =\nb: '<<'\n")[0] == {"a": "=", "b": "<<"}  # text, not YAML magic
+    assert yamlsafe.load("x.yaml", text=b"\xef\xbb\xbfa: 1")[0] == {"a": 1}  # a UTF-8 BOM is fine
+
+
+# --------------------------------------------------------------------------- index URLs and cache names
+
+
+@pytest.mark.parametrize("url", ['https://h.example/whl" LABEL x="1', "https://h.example/whl\n", "https://h.example/a b",
+                                 "https://h.example/$HOME", "ftp://h.example/whl", "h.example/whl", "https:///whl",
+                                 "https://u:p'w@h.example/", "https://[::1/whl"])
+def test_pytorch_index_must_be_a_plain_url(monkeypatch, url, capsys):
+    from envbuild.index import PYTORCH_INDEX_ENV, pytorch_index_root, pytorch_index_url
+
+    monkeypatch.setenv(PYTORCH_INDEX_ENV, url)
+    with pytest.raises(InputError) as ei:
+        pytorch_index_root()
+    assert PYTORCH_INDEX_ENV in str(ei.value) and "\n" not in str(ei.value)
+    assert "p'w" not in str(ei.value)  # a credential is never printed
+    with pytest.raises(InputError):
+        pytorch_index_url(url, "cu126")
+
+
+def test_index_urls_read_from_the_environment_are_checked(monkeypatch):
+    from envbuild.index import default_index_url, pytorch_index_root
+
+    monkeypatch.setenv("ENVBUILD_PYTORCH_INDEX", "https://user:t%40k@h.example:8443/whl/")
+    assert pytorch_index_root() == "https://user:t%40k@h.example:8443/whl"
+    default_index_url.cache_clear()
+    monkeypatch.setenv("UV_DEFAULT_INDEX", 'http://127.0.0.1:9/simple"')
+    try:
+        with pytest.raises(InputError, match="UV_DEFAULT_INDEX"):
+            default_index_url()
+    finally:
+        default_index_url.cache_clear()
+
+
+def test_metadata_cache_names_are_safe_for_any_version(tmp_path, monkeypatch):
+    from envbuild.errors import InfraError
+    from envbuild.index import Metadata, _cache_name
+
+    monkeypatch.setenv("ENVBUILD_CACHE", str(tmp_path / "cache"))
+    assert _cache_name("verl==0.4.1") == "verl==0.4.1.json"
+    for hostile in ("verl==" + "1" * 400, "verl==../../x", "verl==0.4.1\n", "verl==a/b"):
+        name = _cache_name(hostile)
+        assert re.fullmatch(r"sha256-[0-9a-f]{64}\.json", name), name
+    meta = Metadata(snapshot=tmp_path / "none.json", online=False)
+    with pytest.raises(InfraError, match="metadata-missing"):  # no OSError: file name too long
+        meta.get("verl", "0.4." + "1" * 400)
+    # a corrupt cache file is read again, never a traceback
+    cache = tmp_path / "cache" / "metadata"
+    cache.mkdir(parents=True)
+    (cache / "verl==0.4.1.json").write_bytes(b"\xff{not json")
+    with pytest.raises(InfraError, match="metadata-missing"):
+        meta.get("verl", "0.4.1")
