@@ -17,7 +17,8 @@ import json
 import sys
 from dataclasses import asdict, dataclass, field
 
-from .errors import InputError
+from .errors import UsageError
+from .row import Entry, Row, Table
 
 LEVELS = ("build", "env", "contract", "gpu")
 FAILED = ("fail", "timeout")
@@ -38,7 +39,7 @@ class Change:
 
 @dataclass
 class Diff:
-    old: dict  # {"source", "generated", "keyid", "rows"}
+    old: dict  # {"source", "generated", "serial", "keyid", "rows"}
     new: dict
     changes: list[Change] = field(default_factory=list)
     added: list[dict] = field(default_factory=list)  # {"id", "status", "best_level"}
@@ -60,41 +61,47 @@ class Diff:
                 "added": self.added, "removed": self.removed}
 
 
-def _levels(row: dict) -> dict[str, dict]:
-    out = {"build": row.get("build") or {}}
-    for lv in LEVELS[1:]:
-        out[lv] = (row.get("levels") or {}).get(lv) or {}
-    return out
+def _levels(row: Row) -> dict[str, Entry]:
+    return {"build": row.build, **{lv: row.level(lv) for lv in LEVELS[1:]}}
 
 
-def _summary(row: dict) -> dict:
-    return {"id": row["id"], "status": row.get("status"), "best_level": row.get("best_level"),
-            "failure": row.get("failure")}
+def _summary(row: Row) -> dict:
+    return {"id": row.id, "status": row.status, "best_level": row.best_level,
+            "failure": row.failure.to_dict() if row.failure else None}
 
 
-def _rows(table: dict, where: str) -> dict[str, dict]:
-    out = {}
-    for i, r in enumerate(table["rows"]):
-        if not isinstance(r, dict) or not isinstance(r.get("id"), str):
-            raise InputError(where, None, f"rows[{i}].id", (r or {}).get("id") if isinstance(r, dict) else r,
-                             "every row needs a string id")
-        out[r["id"]] = r
-    return out
+def _meta(t: Table, src: str, n: int) -> dict:
+    return {"source": src, "generated": t.generated, "serial": t.serial, "keyid": t.keyid, "rows": n}
 
 
-def compare(old: dict, new: dict, old_src: str = "OLD", new_src: str = "NEW") -> Diff:
-    """Compare two (already verified) table dicts."""
-    a, b = _rows(old, old_src), _rows(new, new_src)
-    d = Diff(old={"source": old_src, "generated": old.get("generated"), "keyid": old.get("keyid"), "rows": len(a)},
-             new={"source": new_src, "generated": new.get("generated"), "keyid": new.get("keyid"), "rows": len(b)})
+def check_order(old: Table, new: Table, old_src: str = "OLD", new_src: str = "NEW") -> None:
+    """Refuse OLD newer than NEW: read backwards, every regression would be reported as a fix.
+
+    Serials decide (monotonic per publisher); tables without one (schema 1) compare `generated`.
+    """
+    if old.serial is not None and new.serial is not None:
+        newer = old.serial > new.serial
+        what = f"serial {old.serial} > {new.serial}"
+    else:
+        newer = bool(old.generated and new.generated and old.generated > new.generated)
+        what = f"generated {old.generated} > {new.generated}"
+    if newer:
+        raise UsageError(f"OLD ({old_src}) is newer than NEW ({new_src}): {what}; the order is "
+                         "`envbuild diff OLD NEW` (swap them)")
+
+
+def compare(old: Table, new: Table, old_src: str = "OLD", new_src: str = "NEW") -> Diff:
+    """Compare two (already verified) tables."""
+    a, b = {r.id: r for r in old.rows}, {r.id: r for r in new.rows}
+    d = Diff(old=_meta(old, old_src, len(a)), new=_meta(new, new_src, len(b)))
     d.added = [_summary(b[i]) for i in sorted(b.keys() - a.keys())]
     d.removed = [_summary(a[i]) for i in sorted(a.keys() - b.keys())]
     for cid in sorted(a.keys() & b.keys()):
         la, lb = _levels(a[cid]), _levels(b[cid])
         for lv in LEVELS:
             o, n = la[lv], lb[lv]
-            so, sn = o.get("status") or "not-run", n.get("status") or "not-run"
-            co, cn = o.get("cause"), n.get("cause")
+            so, sn = o.status or "not-run", n.status or "not-run"
+            co, cn = o.cause, n.cause
             kind = None
             if so == "pass" and sn in FAILED:
                 kind = "regression"
@@ -105,7 +112,7 @@ def compare(old: dict, new: dict, old_src: str = "OLD", new_src: str = "NEW") ->
             elif so in ("pass", *FAILED) and sn in UNDECIDED and sn != "not-run":
                 kind = "undecided"  # was decided, now the machine could not tell: visible, not fatal
             if kind:
-                d.changes.append(Change(kind, cid, lv, so, sn, co, cn, (n.get("detail") or "")[:600]))
+                d.changes.append(Change(kind, cid, lv, so, sn, co, cn, (n.detail or "")[:600]))
     return d
 
 
@@ -179,24 +186,31 @@ def render_markdown(d: Diff, verified: bool = True) -> str:
 
 
 def add_arguments(p) -> None:
-    p.add_argument("old", help="the earlier table (directory, compat.json, its .dsse, or a URL)")
+    from .verify import add_trust_arguments
+
+    p.add_argument("old", help="the earlier table (directory, compat.json, its .dsse, or an https URL)")
     p.add_argument("new", help="the later table")
-    p.add_argument("--pubkey", help="public key JSON that signed both tables")
+    p.add_argument("--pubkey", help="public key JSON that signed both tables (default: the configured or "
+                                    "first-use key of each location)")
     p.add_argument("--old-pubkey", help="key for OLD (after a key rotation); default --pubkey")
     p.add_argument("--new-pubkey", help="key for NEW; default --pubkey")
     p.add_argument("--insecure", action="store_true", help="skip signature checks (never in CI)")
     p.add_argument("--json", action="store_true", help="print the diff as JSON")
     p.add_argument("--markdown", metavar="FILE", help="also write a Markdown summary (issue / PR comment) here")
+    add_trust_arguments(p)
 
 
 def run(args) -> int:
     from .fsutil import write_atomic
-    from .verify import load_table
+    from .verify import load_verified
 
     ko = args.old_pubkey or args.pubkey
     kn = args.new_pubkey or args.pubkey
-    old = load_table(args.old, ko, insecure=args.insecure)
-    new = load_table(args.new, kn, insecure=args.insecure)
+    # OLD is old by design: its signature is checked, not its freshness; NEW must be current.
+    old, _ = load_verified(args.old, ko, insecure=args.insecure, quiet=True, fresh=False, ca=args.ca)
+    new, _ = load_verified(args.new, kn, insecure=args.insecure, quiet=args.json,
+                           allow_rollback=args.allow_rollback, ca=args.ca)
+    check_order(old, new, str(args.old), str(args.new))
     d = compare(old, new, str(args.old), str(args.new))
     if args.markdown:
         write_atomic(args.markdown, render_markdown(d, verified=not args.insecure))

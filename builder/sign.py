@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import EnvbuildError, InputError
+from .errors import InputError, TrustError
 
 IN_TOTO_PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -32,10 +32,9 @@ DEFAULT_KEY_DIR = "keys"
 DEFAULT_KEY_NAME = "envbuild"
 
 
-class VerifyError(EnvbuildError):
-    """A signature did not verify (tampered, unsigned, wrong key): exit 1, not a usage error."""
-
-    exit_code = 1
+class VerifyError(TrustError):
+    """A signature did not verify (tampered, unsigned, wrong key): a trust failure (exit 2,
+    see errors.TrustError), never a verdict on a stack."""
 
 
 @dataclass(frozen=True)
@@ -137,12 +136,23 @@ def load_public_key(src: str | os.PathLike | dict | PublicKey) -> PublicKey:
     if isinstance(src, dict):
         return parse_public_key(src)
     try:
-        d = json.loads(Path(src).read_text())
+        data = Path(src).read_bytes()[:KEY_FILE_MAX]
     except OSError as e:
         raise InputError(str(src), None, "pubkey", str(src), f"cannot read ({e.strerror})")
+    return parse_public_key_bytes(data, str(src))
+
+
+KEY_FILE_MAX = 64 * 1024  # a public key file is a few hundred bytes
+
+
+def parse_public_key_bytes(data: bytes, where: str) -> PublicKey:
+    try:
+        d = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise InputError(where, None, "pubkey", f"byte {e.start}", "not UTF-8 (not a public key file)")
     except json.JSONDecodeError as e:
-        raise InputError(str(src), e.lineno, "pubkey", str(src), f"not JSON ({e.msg})")
-    return parse_public_key(d, str(src))
+        raise InputError(where, e.lineno, "pubkey", where, f"not JSON ({e.msg})")
+    return parse_public_key(d, where)
 
 
 # ---------------------------------------------------------------- DSSE

@@ -19,23 +19,29 @@ signed in-toto Statement per image, test-result predicate, subject = image diges
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import re
+import secrets
+import shutil
 import time
 from pathlib import Path
 
 from .errors import InputError
+from .fsutil import safe_name, write_atomic
+from .row import (SCHEMA, Combo, Entry, Failure, HistoryEntry, Image, Row, Table,  # noqa: F401 (re-exported)
+                  parse_pinned, parse_utc)
+from .vocab import LEVELS
 
-SCHEMA = 1
 TABLE_PAYLOAD_TYPE = "application/vnd.envbuild.compat-table+json"
-LEVELS = ("env", "contract", "gpu")
 DECISIVE = {"pass", "fail", "timeout"}  # probe statuses that are a verdict on the stack
 DEFAULT_RESULTS = "results"
 DEFAULT_OUT = "table"
 DEFAULT_KEY = os.path.join("keys", "envbuild.key")
+DEFAULT_EXPIRES_DAYS = 30
+SITE_FILES = ("compat.json", "compat.json.dsse", "compat.md", "index.html", "pubkey.json", "attestations")
+KEEP_SITES = 2  # the current site and the one before: a reader that resolved the old one can finish
 
-_PINNED = re.compile(r"^(?P<repo>[^@\s]+)@sha256:(?P<hex>[0-9a-f]{64})$")
 _DETAIL_MAX = 600
 # Check statuses that do not explain a non-passing verdict (see envbuild.probe.verdict).
 _NOT_A_PROBLEM = (None, "pass", "ok", "skipped", "not-applicable")
@@ -44,12 +50,6 @@ _NOT_A_PROBLEM = (None, "pass", "ok", "skipped", "not-applicable")
 def _short(text: object, n: int = _DETAIL_MAX) -> str:
     s = str(text or "").strip()
     return s if len(s) <= n else "…" + s[-(n - 1):]  # the tail of a log says the most
-
-
-def parse_pinned(ref: object) -> tuple[str, str] | None:
-    """'repo@sha256:hex' -> (repo, hex); anything else (a tag, None) -> None."""
-    m = _PINNED.match(ref) if isinstance(ref, str) else None
-    return (m["repo"], m["hex"]) if m else None
 
 
 def _verdict_cause(v: dict) -> str | None:
@@ -154,34 +154,62 @@ def _image_key(image: dict | None, id_to_digest: dict | None = None) -> str | No
     return image.get("id") or image.get("content_hash") or None
 
 
-def _level_entry(rec, level: str, v: dict) -> dict:
+def _level_entry(rec, level: str, v: dict) -> Entry:
     status = v.get("status") if isinstance(v, dict) else None
     if status not in ("pass", "fail", "timeout", "needs-gpu", "error"):
         status = "error"  # an unreadable verdict proves nothing either way
-    e = {"status": status, "cause": _verdict_cause(v) if status != "pass" else None,
-         "detail": _verdict_detail(v) if status != "pass" else "",
-         "run_id": rec.run_id, "created": rec.created}
+    e = Entry(status, _verdict_cause(v) if status != "pass" else None,
+              _verdict_detail(v) if status != "pass" else "", rec.run_id, rec.created)
     if level == "gpu":
         g = (v.get("gpu") if isinstance(v, dict) else None) or rec.machine.get("gpu")
         if isinstance(g, dict):
             g = g.get("name") or g.get("device") or None
         if g:
-            e["gpu"] = str(g)
+            e.gpu = str(g)
     return e
 
 
-def fold_combo(records: list) -> dict:
+def _row_status(levels: dict[str, Entry], build: Entry, pinned, has_image: bool) -> tuple[str, str | None]:
+    """(status, best_level) - the rule in this module's docstring."""
+    best = None
+    for level in LEVELS:
+        if levels[level].status != "pass":
+            break
+        best = level
+    failed = any(levels[lv].status in ("fail", "timeout") for lv in LEVELS)
+    if failed or (build.status == "fail" and not has_image):
+        status = "broken"
+    elif best and pinned:
+        status = "verified"
+    elif best:
+        status = "unpinned"  # passed, but never pushed: nothing a user could pull by digest
+    else:
+        status = "untested"
+    return status, best if status in ("verified", "unpinned", "broken") else None
+
+
+def _failure(status: str, levels: dict[str, Entry], build: Entry) -> Failure | None:
+    failed = [lv for lv in LEVELS if levels[lv].status in ("fail", "timeout")]
+    if failed:
+        e = levels[failed[0]]
+        return Failure(failed[0], e.cause or e.status, e.detail)
+    if status == "broken":
+        return Failure("build", build.cause or "build-failed", build.detail)
+    return None
+
+
+def fold_combo(records: list) -> Row:
     """One table row from all records of one combination (any order)."""
     recs = sorted(records, key=lambda r: r.run_id)
     combo = dict(recs[-1].combo)
-    cid = combo.pop("id")
+    cid = safe_name(combo.pop("id"), "combo.id", f"record {recs[-1].run_id}")
 
     # Per image: per level, the newest decisive entry and the newest undecided one.
     per_image: dict[str | None, dict] = {}
     images: dict[str | None, dict] = {}
     newest_decisive: dict[str | None, str] = {}
-    build = {"status": "not-run", "cause": None, "detail": "", "run_id": None, "created": None}
-    last_build_any: dict | None = None
+    build = Entry("not-run")
+    last_build_any: Entry | None = None
     history = []
     id_to_digest = {r.image["id"]: _image_key(r.image) for r in recs
                     if r.image and r.image.get("id") and parse_pinned(r.image.get("digest"))}
@@ -201,9 +229,9 @@ def fold_combo(records: list) -> dict:
                 continue
             v = expanded[level]
             e = _level_entry(r, level, v if isinstance(v, dict) else {})
-            hist_levels[level] = e["status"]
+            hist_levels[level] = e.status
             slot = levels.setdefault(level, {})
-            if e["status"] in DECISIVE:
+            if e.status in DECISIVE:
                 slot["decisive"] = e
                 newest_decisive[key] = r.run_id
             else:
@@ -211,19 +239,15 @@ def fold_combo(records: list) -> dict:
         # Build outcome: an image means the build passed; a "fail" before the probe stage is
         # a verdict that the stack cannot be built; "error" is infrastructure, history only.
         if r.image and (r.image.get("id") or r.image.get("digest")):
-            build = {"status": "pass", "cause": None, "detail": "", "run_id": r.run_id, "created": r.created}
+            build = Entry("pass", None, "", r.run_id, r.created)
         elif r.status == "fail" and r.stage in ("lock", "render", "build"):
-            build = {"status": "fail", "cause": r.cause, "detail": _short(r.detail), "run_id": r.run_id,
-                     "created": r.created, "stage": r.stage}
+            build = Entry("fail", r.cause, _short(r.detail), r.run_id, r.created, stage=r.stage)
         elif r.status == "error":
-            last_build_any = {"status": "error", "cause": r.cause, "detail": _short(r.detail),
-                              "run_id": r.run_id, "created": r.created, "stage": r.stage}
-        history.append({
-            "run_id": r.run_id, "created": r.created, "stage": r.stage, "status": r.status,
-            "cause": r.cause, "image": (r.image or {}).get("digest") or (r.image or {}).get("ref"),
-            "levels": hist_levels, "gpu": r.machine.get("gpu"),
-        })
-    if build["status"] == "not-run" and last_build_any:
+            last_build_any = Entry("error", r.cause, _short(r.detail), r.run_id, r.created, stage=r.stage)
+        history.append(HistoryEntry(r.run_id, r.created, r.stage, r.status, r.cause,
+                                    (r.image or {}).get("digest") or (r.image or {}).get("ref"),
+                                    hist_levels, r.machine.get("gpu")))
+    if build.status == "not-run" and last_build_any:
         build = last_build_any  # only infrastructure errors so far: say so, as "error"
 
     # The row's image: newest decisive probe verdict wins; else the newest image built.
@@ -235,48 +259,20 @@ def fold_combo(records: list) -> dict:
     pinned = parse_pinned(img.get("digest"))
     image = None
     if img:
-        image = {"ref": img.get("ref"), "digest": f"sha256:{pinned[1]}" if pinned else None,
-                 "pinned": img.get("digest") if pinned else None, "size": img.get("size")}
+        image = Image(img.get("ref"), f"sha256:{pinned[1]}" if pinned else None,
+                      img.get("digest") if pinned else None, img.get("size"))
 
     levels = {}
     for level in LEVELS:
         slot = per_image.get(row_key, {}).get(level, {})
-        levels[level] = slot.get("decisive") or slot.get("undecided") or {
-            "status": "not-run", "cause": None, "detail": "", "run_id": None, "created": None}
-
-    best = None
-    for level in LEVELS:
-        if levels[level]["status"] != "pass":
-            break
-        best = level
-    failed = [lv for lv in LEVELS if levels[lv]["status"] in ("fail", "timeout")]
-    if failed or (build["status"] == "fail" and not image):
-        status = "broken"
-    elif best and pinned:
-        status = "verified"
-    elif best:
-        status = "unpinned"  # passed, but never pushed: nothing a user could pull by digest
-    else:
-        status = "untested"
-    if failed:
-        lv = failed[0]
-        failure = {"level": lv, "cause": levels[lv]["cause"] or levels[lv]["status"],
-                   "detail": levels[lv]["detail"]}
-    elif status == "broken":
-        failure = {"level": "build", "cause": build["cause"] or "build-failed", "detail": build["detail"]}
-    else:
-        failure = None
-
-    return {
-        "id": cid, "combo": combo, "image": image, "build": build, "levels": levels,
-        "best_level": best if status in ("verified", "unpinned", "broken") else None,
-        "status": status, "failure": failure,
-        "lock_hash": recs[-1].lock_hash, "base": recs[-1].base,
-        "history": list(reversed(history)),
-    }
+        levels[level] = slot.get("decisive") or slot.get("undecided") or Entry("not-run")
+    status, best = _row_status(levels, build, pinned, image is not None)
+    return Row(id=cid, combo=Combo.from_dict(combo), image=image, build=build, levels=levels,
+               best_level=best, status=status, failure=_failure(status, levels, build),
+               lock_hash=recs[-1].lock_hash, base=recs[-1].base, history=list(reversed(history)))
 
 
-def fold(records) -> list[dict]:
+def fold(records) -> list[Row]:
     by_combo: dict[str, list] = {}
     for r in records:
         cid = r.combo.get("id") if isinstance(r.combo, dict) else None
@@ -285,120 +281,203 @@ def fold(records) -> list[dict]:
     return [fold_combo(by_combo[c]) for c in sorted(by_combo)]
 
 
-def _generated() -> str:
+def _epoch() -> int:
     # SOURCE_DATE_EPOCH makes a publish reproducible byte for byte (reproducible-builds.org).
     epoch = os.environ.get("SOURCE_DATE_EPOCH")
-    t = time.gmtime(int(epoch)) if epoch and epoch.isdigit() else time.gmtime()
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", t)
+    return int(epoch) if epoch and epoch.isdigit() else int(time.time())
 
 
-def build_table(rows: list[dict], keyid: str | None = None) -> dict:
-    counts = {s: sum(1 for r in rows if r["status"] == s) for s in ("verified", "broken", "untested", "unpinned")}
-    return {"schema": SCHEMA, "generated": _generated(), "keyid": keyid, "counts": counts, "rows": rows}
+def _utc(epoch: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
 
 
-def table_bytes(table: dict) -> bytes:
-    return (json.dumps(table, indent=1, sort_keys=True) + "\n").encode()
+def build_table(rows: list[Row], keyid: str | None = None, serial: int | None = None,
+                expires_days: float = DEFAULT_EXPIRES_DAYS) -> Table:
+    now = _epoch()
+    return Table(rows=rows, generated=_utc(now), keyid=keyid, serial=now if serial is None else serial,
+                 expires=_utc(now + int(expires_days * 86400)))
+
+
+def table_bytes(table: Table) -> bytes:
+    return (json.dumps(table.to_dict(), indent=1, sort_keys=True) + "\n").encode()
 
 
 # ---------------------------------------------------------------- attestations
 
 
-def image_statement(row: dict) -> dict | None:
+def image_statement(row: Row) -> dict | None:
     """An in-toto test-result Statement for a row's image, or None without a digest."""
     from .sign import TEST_RESULT_PREDICATE, statement
 
-    img = row.get("image") or {}
-    pinned = parse_pinned(img.get("pinned"))
+    pinned = parse_pinned(row.pinned)
     if not pinned:
         return None
-    passed = [f"envbuild-probe/{lv}" for lv in LEVELS if row["levels"][lv]["status"] == "pass"]
-    failed = [f"envbuild-probe/{lv}" for lv in LEVELS if row["levels"][lv]["status"] in ("fail", "timeout")]
-    warned = [f"envbuild-probe/{lv}" for lv in LEVELS
-              if row["levels"][lv]["status"] in ("needs-gpu", "error", "not-run")]
+    st = {lv: row.level(lv).status for lv in LEVELS}
+    passed = [f"envbuild-probe/{lv}" for lv in LEVELS if st[lv] == "pass"]
+    failed = [f"envbuild-probe/{lv}" for lv in LEVELS if st[lv] in ("fail", "timeout")]
+    warned = [f"envbuild-probe/{lv}" for lv in LEVELS if st[lv] in ("needs-gpu", "error", "not-run")]
     result = "FAILED" if failed else "WARNED" if warned or not passed else "PASSED"
-    config = [{"name": "envbuild-combination", "annotations": {"id": row["id"], **row["combo"]}}]
-    if row.get("lock_hash"):
-        config.append({"name": "lock", "digest": {"sha256": row["lock_hash"]}})
+    config = [{"name": "envbuild-combination", "annotations": {"id": row.id, **row.combo.to_dict()}}]
+    if row.lock_hash:
+        config.append({"name": "lock", "digest": {"sha256": row.lock_hash}})
     return statement(pinned[0], pinned[1], TEST_RESULT_PREDICATE, {
         "result": result, "configuration": config,
         "passedTests": passed, "warnedTests": warned, "failedTests": failed,
-        "envbuild": {"best_level": row["best_level"], "status": row["status"], "levels": row["levels"]},
+        "envbuild": {"best_level": row.best_level, "status": row.status,
+                     "levels": {k: v.to_dict() for k, v in row.levels.items()}},
     })
 
 
+def attestation_path(row_id: str) -> str:
+    """Where a row's attestation lives, relative to the table folder (verify uses the same)."""
+    return f"attestations/{safe_name(row_id, 'row id')}.dsse.json"
+
+
 # ---------------------------------------------------------------- publish
+#
+# The site is published as a set: every file is written into a fresh folder next to --out
+# (.NAME.sites/<serial>-<random>/), then --out, a symlink, is switched to it with one rename.
+# A reader resolves --out once and sees the old set or the new one, never a mix; a crash before
+# the switch leaves the old set in place and verifiable (the half-written folder is removed by
+# the next publish).
 
 
-def publish(results: str | os.PathLike, key: str | os.PathLike, out: str | os.PathLike) -> dict:
+def _sites_dir(out: Path) -> Path:
+    return out.parent / f".{out.name}.sites"
+
+
+def _previous(out: Path) -> tuple[Table | None, bytes | None]:
+    """The table currently in --out (unverified: only its serial and bytes are used)."""
+    try:
+        data = (out / "compat.json").read_bytes()
+        return Table.from_dict(json.loads(data), str(out / "compat.json")), data
+    except (OSError, ValueError, InputError):
+        return None, None
+
+
+def _adopt_legacy_dir(out: Path, sites: Path) -> None:
+    """A real folder from an older envbuild (or an empty one) becomes the first site."""
+    extra = sorted(p.name for p in out.iterdir() if p.name not in SITE_FILES)
+    if extra:
+        raise InputError(str(out), None, "--out", str(out),
+                         f"is a folder holding other files ({', '.join(extra[:3])}); publish into a new "
+                         "folder: envbuild replaces --out as a whole")
+    sites.mkdir(parents=True, exist_ok=True)
+    dest = sites / f"0-legacy-{secrets.token_hex(4)}"
+    os.rename(out, dest)  # the one non-atomic step, once per table folder: --out is missing meanwhile
+    _switch(out, dest)
+
+
+def _switch(out: Path, site: Path) -> None:
+    tmp = out.parent / f".{out.name}.link-{secrets.token_hex(4)}"
+    os.symlink(os.path.relpath(site, out.parent), tmp)
+    os.replace(tmp, out)  # atomic: readers see the old target or the new one
+
+
+def _prune(sites: Path, keep: set[str]) -> None:
+    """Remove sites that are neither current nor the one before (and crashed half-written ones)."""
+    for p in sites.iterdir():
+        if p.name not in keep:
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def publish(results: str | os.PathLike, key: str | os.PathLike, out: str | os.PathLike,
+            expires_days: float = DEFAULT_EXPIRES_DAYS) -> Table:
     from . import page
-    from .fsutil import write_atomic  # here, not at module level: `pick` imports this module
     from .record import iter_records
-    from .sign import (IN_TOTO_PAYLOAD_TYPE, load_signer, public_key_of, sign_envelope,
-                       sign_statement)
+    from .sign import IN_TOTO_PAYLOAD_TYPE, load_signer, public_key_of, sign_envelope, sign_statement
 
     if not Path(results).is_dir():
         raise InputError(str(results), None, "--results", str(results), "no such directory")
+    if not 0 < expires_days <= 3650:
+        raise InputError("--expires-days", None, "--expires-days", expires_days, "must be in (0, 3650]")
     signer = load_signer(key)  # fail on a bad key before writing anything
     pub = public_key_of(signer)
-    rows = fold(iter_records(results))
-    table = build_table(rows, pub.keyid)
-    data = table_bytes(table)
-    envelope = sign_envelope(data, TABLE_PAYLOAD_TYPE, signer)
+    rows = fold(iter_records(results))  # an unsafe combination id stops here, before any write
 
-    out = Path(out)
-    att_dir = out / "attestations"
-    written = set()
+    out = Path(os.path.abspath(out))
+    if out.is_symlink() and Path(os.path.realpath(out)).parent != Path(os.path.realpath(_sites_dir(out))):
+        out = Path(os.path.realpath(out))  # a user's own link to the table folder: publish there
+    sites = _sites_dir(out)
+    prev, prev_bytes = _previous(out)
+
+    table = build_table(rows, pub.keyid, expires_days=expires_days)
+    attestations: dict[str, bytes] = {}
     for row in rows:
         stmt = image_statement(row)
-        if stmt is None:
-            continue
-        env = sign_statement(stmt, signer)
-        assert env["payloadType"] == IN_TOTO_PAYLOAD_TYPE
-        name = f"{row['id']}.dsse.json"
-        write_atomic(att_dir / name, json.dumps(env, indent=1) + "\n")
-        written.add(name)
-    if att_dir.is_dir():  # attestations of images no longer in the table would mislead
-        for p in att_dir.glob("*.dsse.json"):
-            if p.name not in written:
-                p.unlink()
-    write_atomic(out / "pubkey.json", json.dumps(pub.to_dict(), indent=2) + "\n")
-    write_atomic(out / "compat.md", render_markdown(table))
-    write_atomic(out / "index.html", page.render_html(table, pub.to_dict()))
-    # The table and its signature last: a reader always sees a matching pair or an old pair;
-    # a crash between the two leaves a mismatch that `verify` rejects, never a silent one.
-    write_atomic(out / "compat.json", data)
-    write_atomic(out / "compat.json.dsse", json.dumps(envelope, indent=1) + "\n")
+        if stmt is not None:
+            env = sign_statement(stmt, signer)
+            assert env["payloadType"] == IN_TOTO_PAYLOAD_TYPE
+            attestations[attestation_path(row.id)] = (json.dumps(env, indent=1) + "\n").encode()
+
+    def views() -> dict[str, bytes]:  # the files the signed payload lists, for table.serial as set
+        files = {**attestations, "pubkey.json": (json.dumps(pub.to_dict(), indent=2) + "\n").encode(),
+                 "compat.md": render_markdown(table).encode(),
+                 "index.html": page.render_html(table.to_dict(), pub.to_dict()).encode()}
+        table.files = {name: _sha256(data) for name, data in sorted(files.items())}
+        return files
+
+    # Serial: higher than the table it replaces (monotonic for readers), time-based in a fresh
+    # folder (a new CI machine still moves forward); an identical republish keeps its serial so
+    # that SOURCE_DATE_EPOCH reproduces it byte for byte.
+    if prev is not None and prev.serial is not None:
+        table.serial = prev.serial
+        files = views()
+        if table_bytes(table) != prev_bytes:
+            table.serial = max(prev.serial + 1, _epoch())
+            files = views()
+    else:
+        files = views()
+    data = table_bytes(table)
+    envelope = sign_envelope(data, TABLE_PAYLOAD_TYPE, signer)
+    files["compat.json"] = data
+    files["compat.json.dsse"] = (json.dumps(envelope, indent=1) + "\n").encode()
+
+    if out.exists() and not out.is_symlink():
+        if not out.is_dir():
+            raise InputError(str(out), None, "--out", str(out), "exists and is not a folder")
+        _adopt_legacy_dir(out, sites)
+    current = os.path.realpath(out) if out.is_symlink() else None
+    site = sites / f"{table.serial}-{secrets.token_hex(4)}"
+    for name, blob in files.items():
+        write_atomic(site / name, blob)
+    _switch(out, site)
+    _prune(sites, {site.name} | ({Path(current).name} if current else set()))
     return table
 
 
-def render_markdown(table: dict) -> str:
-    c = table["counts"]
+def render_markdown(table: Table) -> str:
+    c = table.counts
     lines = [
         "# envbuild compatibility table", "",
-        f"Generated {table['generated']} · schema {table['schema']} · signed by key `{table.get('keyid')}`", "",
+        f"Generated {table.generated} · serial {table.serial} · expires {table.expires} · "
+        f"schema {table.schema} · signed by key `{table.keyid}`", "",
         f"{c['verified']} verified · {c['broken']} broken · {c['untested']} untested · "
         f"{c['unpinned']} unpinned (passed, not pushed)", "",
-        "Verify before use: `envbuild verify compat.json --pubkey pubkey.json`", "",
+        "Verify before use, against the key you trust (not a copy fetched with the table): "
+        "`envbuild verify TABLE --pubkey KEY`", "",
         "| verl | engine | torch | CUDA | python | status | best level | env | contract | gpu | cause | image |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in table["rows"]:
-        cb, lv = r["combo"], r["levels"]
-        cause = ""
-        if r["failure"]:
-            cause = f"{r['failure']['level']}: {r['failure']['cause']}"
-        elif r["build"]["status"] == "fail":
-            cause = f"rebuild fails: {r['build']['cause']}"
+    for r in table.rows:
+        cb, lv = r.combo, r.levels
+        if r.failure:
+            cause = f"{r.failure.level}: {r.failure.cause}"
+        elif r.build.status == "fail":
+            cause = f"rebuild fails: {r.build.cause}"
         else:
-            undecided = [f"{k}: {v['cause'] or v['status']}" for k, v in lv.items() if v["status"] in ("error", "needs-gpu")]
-            if r["build"]["status"] == "error":
-                undecided.insert(0, f"build error (not a verdict): {r['build']['cause']}")
+            undecided = [f"{k}: {v.cause or v.status}" for k, v in lv.items() if v.status in ("error", "needs-gpu")]
+            if r.build.status == "error":
+                undecided.insert(0, f"build error (not a verdict): {r.build.cause}")
             cause = "; ".join(undecided)
-        img = (r["image"] or {}).get("pinned") or (r["image"] or {}).get("ref") or ""
-        cells = [cb.get("verl", ""), f"{cb.get('engine', '')} {cb.get('engine_version', '') or ''}".strip(),
-                 cb.get("torch", ""), cb.get("cuda", ""), cb.get("python", ""), r["status"],
-                 r["best_level"] or "-", lv["env"]["status"], lv["contract"]["status"], lv["gpu"]["status"],
+        img = (r.image.pinned or r.image.ref or "") if r.image else ""
+        cells = [cb.verl or "", f"{cb.engine or ''} {cb.engine_version or ''}".strip(),
+                 cb.torch or "", cb.cuda or "", cb.python or "", r.status,
+                 r.best_level or "-", r.level("env").status, r.level("contract").status, r.level("gpu").status,
                  cause, f"`{img}`" if img else ""]
         lines.append("| " + " | ".join(str(x).replace("|", "\\|").replace("\n", " ") for x in cells) + " |")
     return "\n".join(lines) + "\n"
@@ -411,13 +490,18 @@ def add_arguments(p) -> None:
     p.add_argument("--results", default=DEFAULT_RESULTS, help=f"results directory (default: {DEFAULT_RESULTS})")
     p.add_argument("--key", default=os.environ.get("ENVBUILD_SIGNING_KEY", DEFAULT_KEY),
                    help=f"Ed25519 private key PEM (default: $ENVBUILD_SIGNING_KEY or {DEFAULT_KEY})")
-    p.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default: {DEFAULT_OUT})")
+    p.add_argument("--out", default=DEFAULT_OUT,
+                   help=f"output: a symlink to the current site, switched atomically (default: {DEFAULT_OUT})")
+    p.add_argument("--expires-days", type=float, default=DEFAULT_EXPIRES_DAYS, metavar="N",
+                   help=f"readers refuse the table N days after publishing (default: {DEFAULT_EXPIRES_DAYS}); "
+                        "publish again before then")
 
 
 def run(args) -> int:
-    table = publish(args.results, args.key, args.out)
-    c = table["counts"]
-    print(f"{len(table['rows'])} combinations: {c['verified']} verified, {c['broken']} broken, "
+    table = publish(args.results, args.key, args.out, args.expires_days)
+    c = table.counts
+    print(f"{len(table.rows)} combinations: {c['verified']} verified, {c['broken']} broken, "
           f"{c['untested']} untested, {c['unpinned']} unpinned")
-    print(f"wrote {args.out}/compat.json (+ .dsse), compat.md, index.html, pubkey.json (keyid {table['keyid']})")
+    print(f"wrote {args.out}/compat.json (+ .dsse), compat.md, index.html, pubkey.json (keyid {table.keyid}); "
+          f"serial {table.serial}, expires {table.expires}")
     return 0

@@ -5,7 +5,10 @@ import json
 import pytest
 from table_fixtures import combo, image, passed, rec, verdict, write_all
 
-from envbuild.diff import compare
+from envbuild.diff import check_order
+from envbuild.diff import compare as compare_tables
+from envbuild.errors import UsageError
+from envbuild.row import Table
 from envbuild.sign import write_keypair
 from envbuild.table import publish
 
@@ -94,14 +97,14 @@ def test_tampered_table_is_refused_not_diffed(tables, run_cli):
     f = tables["new"] / "compat.json"
     f.write_text(f.read_text().replace('"fail"', '"pass"'))
     p = run_cli("diff", tables["old"], tables["new"], "--pubkey", tables["pub"])
-    assert p.returncode == 1 and "tampered" in p.stderr and "Traceback" not in p.stderr
+    assert p.returncode == 2 and "tampered" in p.stderr and "Traceback" not in p.stderr  # trust, not a verdict
     assert p.stdout == ""
 
 
 def test_wrong_key_and_key_rotation(tables, run_cli):
     priv2, pub2, _ = write_keypair(tables["tmp"] / "keys2")
     p = run_cli("diff", tables["old"], tables["new"], "--pubkey", pub2)
-    assert p.returncode == 1 and "not signed by key" in p.stderr
+    assert p.returncode == 2 and "not signed by key" in p.stderr
     # Rotation: NEW re-published with the new key; each side checked against its own key.
     publish(tables["tmp"] / "new-results", priv2, tables["new"])
     p = run_cli("diff", tables["old"], tables["new"], "--old-pubkey", tables["pub"], "--new-pubkey", pub2)
@@ -112,6 +115,9 @@ def test_build_level_regression_and_timeouts():
     row = lambda st, build="pass", cause=None: {  # noqa: E731
         "id": "x", "status": "?", "build": {"status": build, "cause": cause if build == "fail" else None},
         "levels": {"env": {"status": "pass"}, "contract": {"status": st, "cause": cause}, "gpu": {"status": "not-run"}}}
+    def compare(old, new):
+        return compare_tables(Table.from_dict({"schema": 2, **old}), Table.from_dict({"schema": 2, **new}))
+
     d = compare({"rows": [row("pass")]}, {"rows": [row("timeout", cause="timeout")]})
     assert [(c.kind, c.level) for c in d.changes] == [("regression", "contract")]
     d = compare({"rows": [row("pass")]}, {"rows": [row("pass", build="fail", cause="unsatisfiable")]})
@@ -125,8 +131,30 @@ def test_build_level_regression_and_timeouts():
 def test_insecure_reads_unsigned(tables, run_cli):
     (tables["new"] / "compat.json.dsse").unlink()
     p = run_cli("diff", tables["old"], tables["new"], "--pubkey", tables["pub"])
-    assert p.returncode == 1 and "unsigned" in p.stderr
+    assert p.returncode == 2 and "unsigned" in p.stderr
     md = tables["tmp"] / "insecure.md"
     p = run_cli("diff", tables["old"], tables["new"], "--insecure", "--markdown", md)
     assert p.returncode == 1 and B["id"] in p.stdout
     assert "signatures NOT checked" in md.read_text()
+
+
+def test_tables_given_out_of_order_are_refused_not_called_fixed(tables, run_cli, monkeypatch):
+    """The attack of issue 14: `diff new old` would call the regression of B "Fixed"."""
+    # Republish NEW a day later: its serial is now certainly higher than OLD's.
+    import time
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", str(int(time.time()) + 86400))
+    publish(tables["tmp"] / "new-results", tables["priv"], tables["new"])
+    monkeypatch.delenv("SOURCE_DATE_EPOCH")
+    p = run_cli("diff", tables["new"], tables["old"], "--pubkey", tables["pub"])
+    assert p.returncode == 2 and p.stdout == "" and "Fixed" not in p.stdout
+    assert "is newer than NEW" in p.stderr and "swap" in p.stderr and p.stderr.count("\n") == 1
+    p = run_cli("diff", tables["old"], tables["new"], "--pubkey", tables["pub"])
+    assert p.returncode == 1 and f"{B['id']} [contract]: pass -> fail" in p.stdout
+
+
+def test_order_of_schema_1_tables_falls_back_to_generated():
+    old = Table.from_dict({"schema": 1, "generated": "2026-01-02T00:00:00Z", "rows": []})
+    new = Table.from_dict({"schema": 1, "generated": "2026-01-01T00:00:00Z", "rows": []})
+    with pytest.raises(UsageError, match="generated"):
+        check_order(old, new)
+    check_order(new, old)

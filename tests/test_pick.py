@@ -6,6 +6,7 @@ import pytest
 from table_fixtures import combo, image, passed, rec, verdict, write_all
 
 from envbuild.pick import explain_empty, matches, norm_cuda, pick, version_matches
+from envbuild.row import Row
 from envbuild.sign import write_keypair
 from envbuild.table import build_table, fold, publish
 
@@ -27,24 +28,24 @@ def test_prefers_highest_level_then_newest_verl():
         rec(V84_060, passed("env", "contract"), img=image(V84_060), run=3),
     ])
     row, _ = pick(t, {"vllm": "0.8.4"})
-    assert row["id"] == V84_041["id"]  # gpu beats newer verl at contract
+    assert row.id == V84_041["id"]  # gpu beats newer verl at contract
     row, _ = pick(t, {"vllm": "0.8.4", "verl": "0.5"})
-    assert row["id"] == V84_050["id"]
+    assert row.id == V84_050["id"]
 
 
 def test_newest_verl_compares_versions_not_strings():
     t = table_of([rec(c, passed("env", "contract"), img=image(c), run=i)
                   for i, c in enumerate([V84_060, V84_0100, V84_050])])
-    assert pick(t, {"vllm": "0.8.4"})[0]["id"] == V84_0100["id"]
+    assert pick(t, {"vllm": "0.8.4"})[0].id == V84_0100["id"]
 
 
 def test_broken_row_is_never_picked_even_with_high_best_level():
     t = table_of([rec(V84_060, {**passed("env", "contract"), "gpu": verdict("fail", "logprob-mismatch")},
                       img=image(V84_060), status="fail", run=1),
                   rec(V84_041, passed("env", "contract"), img=image(V84_041), run=2)])
-    assert pick(t, {"vllm": "0.8.4"})[0]["id"] == V84_041["id"]
+    assert pick(t, {"vllm": "0.8.4"})[0].id == V84_041["id"]
     row, rejected = pick(t, {"vllm": "0.8.4", "verl": "0.6.0"})
-    assert row is None and [r["id"] for r in rejected] == [V84_060["id"]]
+    assert row is None and [r.id for r in rejected] == [V84_060["id"]]
     lines = explain_empty(t, {"vllm": "0.8.4", "verl": "0.6.0"}, rejected, "contract")
     assert "broken at gpu: logprob-mismatch" in "\n".join(lines)
 
@@ -56,7 +57,7 @@ def test_default_level_contract_refuses_env_only_and_explains():
     assert row is None
     text = "\n".join(explain_empty(t, {"vllm": "0.8.4"}, rejected, "contract"))
     assert "verified only up to env" in text and "contract needs-gpu" in text
-    assert pick(t, {"vllm": "0.8.4"}, "env")[0]["id"] == V84_041["id"]
+    assert pick(t, {"vllm": "0.8.4"}, "env")[0].id == V84_041["id"]
 
 
 def test_unpinned_and_untested_are_never_picked_and_errors_are_not_called_failures():
@@ -80,14 +81,15 @@ def test_no_match_lists_what_the_table_has():
 
 def test_inconsistent_row_is_refused():
     t = table_of([rec(V84_041, passed("env", "contract"), img=image(V84_041), run=1)])
-    t["rows"][0]["best_level"] = "gpu"  # claims gpu, but the gpu level never ran
+    r = t.rows[0]
+    r.best_level = "gpu"  # claims gpu, but the gpu level never ran
     assert pick(t, {}, "gpu")[0] is None
-    t["rows"][0]["best_level"] = "contract"
-    t["rows"][0]["levels"]["gpu"]["status"] = "fail"
+    r.best_level = "contract"
+    r.levels["gpu"].status = "fail"
     row, rejected = pick(t, {})
     assert row is None and "inconsistent" in explain_empty(t, {}, rejected, "contract")[1]
-    t["rows"][0]["levels"]["gpu"]["status"] = "not-run"
-    t["rows"][0]["image"]["pinned"] = "repo:latest"  # a tag is not a digest
+    r.levels["gpu"].status = "not-run"
+    r.image.pinned = "repo:latest"  # a tag is not a digest
     assert pick(t, {})[0] is None
 
 
@@ -104,7 +106,7 @@ def test_selectors():
     assert norm_cuda("cu124") == norm_cuda("12.4") == norm_cuda("12.4.1") == "124"
     assert version_matches("0.8", "0.8.4") and version_matches("0.8.4", "0.8.4")
     assert not version_matches("0.8.4", "0.8.40") and not version_matches("0.8", "0.80.1")
-    row = {"combo": combo(engine="sglang", ev="0.4.6", cuda="12.6", torch="2.7.0")}
+    row = Row.from_dict({"id": "x", "combo": combo(engine="sglang", ev="0.4.6", cuda="12.6", torch="2.7.0")})
     assert matches(row, {"sglang": "0.4", "cuda": "cu126", "torch": "2.7", "python": "3.11"})
     assert not matches(row, {"vllm": "0.4.6"})
     assert not matches(row, {"cuda": "cu124"})
@@ -151,13 +153,52 @@ def test_cli_refuses_a_tampered_table_unless_insecure(signed, run_cli):
             lv["status"] = "pass"
     path.write_text(json.dumps(t))
     p = run_cli("pick", "--verl", "0.5.0", "--table", table, "--pubkey", pub)
-    assert p.returncode == 1 and p.stdout == "" and "tampered" in p.stderr
+    assert p.returncode == 2 and p.stdout == "" and "tampered" in p.stderr  # a trust failure, not a verdict
     p = run_cli("pick", "--verl", "0.5.0", "--table", table, "--insecure")
     assert p.returncode == 0 and "NOT checked" in p.stderr
 
 
-def test_cli_default_table_location(signed, run_cli):
+def test_cli_default_table_location_trusts_its_key_on_first_use_loudly(signed, run_cli):
     table, _ = signed
     p = run_cli("pick", "--vllm", "0.8.4", cwd=table.parent)
     assert p.returncode == 0 and p.stdout.strip() == image(V84_041)["digest"]
-    assert "pass --pubkey to pin" in p.stderr
+    assert "FIRST USE" in p.stderr and "keyid" in p.stderr
+    again = run_cli("pick", "--vllm", "0.8.4", cwd=table.parent)
+    assert again.returncode == 0 and "FIRST USE" not in again.stderr
+
+
+def test_cli_without_a_table_says_what_to_do(tmp_path, run_cli):
+    p = run_cli("pick", "--vllm", "0.8.4", cwd=tmp_path)
+    assert p.returncode == 2 and p.stdout == "" and "Traceback" not in p.stderr
+    assert p.stderr.count("\n") == 1
+    for hint in ("envbuild publish", "--table URL|PATH", "config.toml", "ENVBUILD_TABLE", "ENVBUILD_PUBKEY"):
+        assert hint in p.stderr, hint
+
+
+def test_configured_table_and_key_make_pick_just_answer(signed, run_cli, tmp_path):
+    table, pub = signed
+    cfg = tmp_path / "cfg"
+    cfg.mkdir()
+    (cfg / "config.toml").write_text(f'table = "{table}"\npubkey = "{pub}"\n')
+    p = run_cli("pick", "--vllm", "0.8.4", cwd=tmp_path / "keys", env={"ENVBUILD_CONFIG": str(cfg)})
+    assert p.returncode == 0 and p.stdout.strip() == image(V84_041)["digest"], p.stderr
+    assert "FIRST USE" not in p.stderr  # the configured key, not one found next to the table
+    # The environment wins over the file.
+    p = run_cli("pick", "--vllm", "0.8.4", cwd=tmp_path / "keys",
+                env={"ENVBUILD_CONFIG": str(cfg), "ENVBUILD_TABLE": str(tmp_path / "nowhere")})
+    assert p.returncode == 2 and "nowhere" in p.stderr
+    # A configured key that did not sign the table is refused (no fallback to pubkey.json).
+    _, other, _ = write_keypair(tmp_path / "other")
+    (cfg / "config.toml").write_text(f'table = "{table}"\npubkey = "{other}"\n')
+    p = run_cli("pick", "--vllm", "0.8.4", env={"ENVBUILD_CONFIG": str(cfg)})
+    assert p.returncode == 2 and "not signed by key" in p.stderr
+
+
+@pytest.mark.parametrize("text, field", [('tabel = "x"\n', "tabel"), ("table = [\n", "config"),
+                                         ("fetch_deadline_s = -1\n", "fetch_deadline_s"),
+                                         ("pubkey = 3\n", "pubkey")])
+def test_bad_config_is_one_line_naming_the_key(tmp_path, run_cli, text, field):
+    (tmp_path / "config.toml").write_text(text)
+    p = run_cli("pick", "--vllm", "0.8.4", env={"ENVBUILD_CONFIG": str(tmp_path)})
+    assert p.returncode == 2 and "Traceback" not in p.stderr and p.stderr.count("\n") == 1
+    assert "config.toml" in p.stderr and field in p.stderr

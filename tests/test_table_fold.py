@@ -2,7 +2,13 @@
 
 from table_fixtures import combo, image, passed, rec, verdict
 
-from envbuild.table import fold, fold_combo, render_markdown, build_table, image_statement
+from envbuild.table import build_table, fold, image_statement, render_markdown
+from envbuild.table import fold_combo as fold_row
+
+
+def fold_combo(records) -> dict:
+    """The row as compat.json holds it: the typed Row through its one serialiser."""
+    return fold_row(records).to_dict()
 
 C = combo()
 
@@ -98,8 +104,18 @@ def _probe_verdict(level, checks):
 
     v = Verdict(level=level, engine="vllm")
     for name, status, cause in checks:
-        v.add(name, status, f"{name} said {status}", cause)
+        # The probe stamps each check with the level running it (Verdict.at_level); a probe
+        # without that stamp is read by the check's name.
+        own = "gpu" if name.startswith("gpu:") else "contract" if name.startswith(("import:", "api:", "native")) \
+            or name == "verl-modules" else "env"
+        with (v.at_level(own) if hasattr(v, "at_level") else _nothing()):
+            v.add(name, status, f"{name} said {status}", cause)
     return v.to_dict()
+
+
+def _nothing():
+    import contextlib
+    return contextlib.nullcontext()
 
 
 ENV_OK = [("python", "pass", None), ("import-torch", "pass", None), ("torch-cuda", "pass", None),
@@ -156,8 +172,8 @@ def test_gpu_verdict_pass_covers_all_levels_and_timeout_without_checks_covers_no
 
 
 def test_image_without_digest_is_never_verified():
-    row = fold_combo([rec(C, passed("env", "contract", "gpu"), img=image(C, pushed=False), run=1)])
-    assert row["status"] == "unpinned" and row["image"]["pinned"] is None
+    row = fold_row([rec(C, passed("env", "contract", "gpu"), img=image(C, pushed=False), run=1)])
+    assert row.status == "unpinned" and row.image.pinned is None
     assert image_statement(row) is None
 
 
@@ -210,10 +226,10 @@ def test_build_failure_without_image_is_broken_with_cause():
 
 def test_later_build_failure_keeps_the_working_image_but_says_so():
     img = image(C)
-    row = fold_combo([rec(C, passed("env", "contract"), img=img, run=1),
-                      rec(C, stage="build", status="fail", cause="missing-wheel", run=2)])
-    assert row["status"] == "verified" and row["image"]["pinned"] == img["digest"]
-    assert row["build"]["status"] == "fail"
+    row = fold_row([rec(C, passed("env", "contract"), img=img, run=1),
+                    rec(C, stage="build", status="fail", cause="missing-wheel", run=2)])
+    assert row.status == "verified" and row.image.pinned == img["digest"]
+    assert row.build.status == "fail" and row.build.stage == "build"
     assert "rebuild fails: missing-wheel" in render_markdown(build_table([row]))
 
 
@@ -227,27 +243,27 @@ def test_record_order_on_disk_does_not_matter():
 def test_records_without_a_combination_are_skipped():
     from envbuild.record import Record
     odd = [Record(combo="x", stage="probe", status="ok"), Record(combo={}, stage="probe", status="ok")]
-    assert fold(odd + [rec(C, passed("env"), img=image(C), run=1)])[0]["id"] == C["id"]
+    assert fold(odd + [rec(C, passed("env"), img=image(C), run=1)])[0].id == C["id"]
     assert len(fold(odd)) == 0
 
 
 def test_fold_groups_by_combination_and_sorts():
     c2 = combo(verl="0.5.0")
     rows = fold([rec(c2, passed("env"), img=image(c2), run=1), rec(C, passed("env"), img=image(C), run=2)])
-    assert [r["id"] for r in rows] == sorted([C["id"], c2["id"]])
-    assert rows[0]["combo"]["verl"] in ("0.4.1", "0.5.0") and "id" not in rows[0]["combo"]
+    assert [r.id for r in rows] == sorted([C["id"], c2["id"]])
+    assert rows[0].combo.verl in ("0.4.1", "0.5.0") and "id" not in rows[0].combo.to_dict()
 
 
 def test_statement_result_follows_levels():
     img = image(C)
-    full = fold_combo([rec(C, passed("env", "contract", "gpu"), img=img, run=1)])
+    full = fold_row([rec(C, passed("env", "contract", "gpu"), img=img, run=1)])
     st = image_statement(full)
     assert st["_type"] == "https://in-toto.io/Statement/v1"
     assert st["predicateType"] == "https://in-toto.io/attestation/test-result/v0.1"
     assert st["subject"] == [{"name": "127.0.0.1:5000/envbuild", "digest": {"sha256": img["digest"].split(":")[-1]}}]
     assert st["predicate"]["result"] == "PASSED"
-    partial = fold_combo([rec(C, passed("env", "contract"), img=img, run=1)])
+    partial = fold_row([rec(C, passed("env", "contract"), img=img, run=1)])
     assert image_statement(partial)["predicate"]["result"] == "WARNED"
-    broken = fold_combo([rec(C, {"env": verdict("fail", "cuda-mismatch")}, img=img, run=1)])
+    broken = fold_row([rec(C, {"env": verdict("fail", "cuda-mismatch")}, img=img, run=1)])
     s = image_statement(broken)["predicate"]
     assert s["result"] == "FAILED" and s["failedTests"] == ["envbuild-probe/env"]

@@ -1,24 +1,24 @@
-"""`envbuild publish` + `envbuild verify` + load_table on files and a loopback HTTP server."""
+"""`envbuild publish` + `envbuild verify` + load_table on local files (remote tables: test_table_remote.py)."""
 
 import base64
-import functools
-import http.server
 import json
-import threading
+import time
 
 import pytest
 from table_fixtures import combo, image, passed, rec, verdict, write_all
 
-from envbuild.errors import InfraError, InputError
+from envbuild.errors import InputError, TrustError
 from envbuild.sign import VerifyError, load_public_key, write_keypair
 from envbuild.table import publish
 from envbuild.verify import load_table, load_verified, verify_attestations
 
 
+TODAY = int(time.time()) // 86400 * 86400  # fixed within a run (reproducible), never expired
+
+
 @pytest.fixture
 def published(tmp_path, monkeypatch):
-    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1780000000")
-    monkeypatch.delenv("ENVBUILD_PUBKEY", raising=False)
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", str(TODAY))
     res, out = tmp_path / "results", tmp_path / "table"
     a, b, c = combo(), combo(verl="0.5.0"), combo(engine="sglang", ev="0.4.6")
     write_all(res, [
@@ -37,7 +37,11 @@ def test_publish_writes_all_views_and_verify_accepts(published, run_cli):
     for name in ("compat.json", "compat.json.dsse", "compat.md", "index.html", "pubkey.json"):
         assert (out / name).is_file(), name
     t = json.loads((out / "compat.json").read_text())
-    assert t["schema"] == 1 and t["generated"] == "2026-05-28T20:26:40Z"
+    assert t["schema"] == 2 and t["generated"] == time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(TODAY))
+    assert t["serial"] == TODAY and t["expires"] == time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(TODAY + 30 * 86400))
+    # Every other published file is listed with its sha256 inside the signed payload.
+    assert set(t["files"]) == {"compat.md", "index.html", "pubkey.json"} | {
+        f"attestations/{p.name}" for p in (out / "attestations").iterdir()}
     assert {r["status"] for r in t["rows"]} == {"verified", "broken"}
     for r in t["rows"]:
         assert set(r) >= {"id", "combo", "image", "levels", "best_level", "history"}
@@ -49,7 +53,7 @@ def test_publish_writes_all_views_and_verify_accepts(published, run_cli):
     assert len(list((out / "attestations").glob("*.dsse.json"))) == 2
     p = run_cli("verify", out / "compat.json", "--pubkey", published["pub"], "--attestations")
     assert p.returncode == 0, p.stderr
-    assert "OK" in p.stdout and "2 image attestations" in p.stdout
+    assert "OK" in p.stdout and "2 image attestations" in p.stdout and "5 listed files match" in p.stdout
     assert load_table(out, published["pub"]) == t
     assert load_table(out.as_uri(), published["pub"]) == t
 
@@ -69,7 +73,7 @@ def test_one_byte_change_is_rejected(published, run_cli, target):
     data[i] = ord("0") if data[i] != ord("0") else ord("1")
     path.write_bytes(bytes(data))
     p = run_cli("verify", published["out"], "--pubkey", published["pub"])
-    assert p.returncode == 1, (p.stdout, p.stderr)
+    assert p.returncode == 2, (p.stdout, p.stderr)
     assert "Traceback" not in p.stderr and p.stderr.strip().count("\n") == 0
     with pytest.raises(VerifyError):
         load_table(published["out"], published["pub"])
@@ -91,25 +95,23 @@ def test_many_single_byte_edits_of_the_table_are_all_rejected(published):
 def test_unsigned_and_wrong_key_are_rejected(published, run_cli, tmp_path):
     _, other_pub, _ = write_keypair(tmp_path / "other")
     p = run_cli("verify", published["out"], "--pubkey", other_pub)
-    assert p.returncode == 1 and "not signed by key" in p.stderr
+    assert p.returncode == 2 and "not signed by key" in p.stderr
     (published["out"] / "compat.json.dsse").unlink()
     p = run_cli("verify", published["out"] / "compat.json", "--pubkey", published["pub"])
-    assert p.returncode == 1 and "unsigned" in p.stderr
+    assert p.returncode == 2 and "unsigned" in p.stderr
 
 
-def test_swapped_pubkey_next_to_table_is_rejected(published, tmp_path):
-    # An attacker who edits the table and re-signs with their key but cannot replace a pinned key.
-    _, other_pub, _ = write_keypair(tmp_path / "other")
-    (published["out"] / "pubkey.json").write_text(other_pub.read_text())
-    with pytest.raises(VerifyError):
-        load_table(published["out"])  # checked against the (swapped) key next to it: mismatch
-    load_table(published["out"], published["pub"])  # the pinned key still verifies
-
-
-def test_default_key_is_the_one_published_next_to_the_table(published, capsys):
+def test_swapped_pubkey_next_to_table_is_refused_once_a_key_is_pinned(published, tmp_path, capsys):
+    # First use pins the key published next to the table, loudly.
     t, info = load_verified(published["out"])
-    assert info["keyid"] == load_public_key(published["pub"]).keyid
-    assert "pass --pubkey to pin" in capsys.readouterr().err
+    assert info["keyid"] == load_public_key(published["pub"]).keyid and info["key"] == "trusted on first use"
+    assert "FIRST USE" in capsys.readouterr().err
+    # The attack: re-sign the table with another key and replace pubkey.json next to it.
+    other_priv, other_pub, _ = write_keypair(tmp_path / "other")
+    publish(published["res"], other_priv, published["out"])
+    with pytest.raises(TrustError, match="key next to the table changed"):
+        load_table(published["out"])
+    load_table(published["out"], other_pub)  # a key passed explicitly is the user's decision
 
 
 def test_tampered_attestation_is_rejected(published):
@@ -119,8 +121,9 @@ def test_tampered_attestation_is_rejected(published):
     stmt["subject"][0]["digest"]["sha256"] = "0" * 64
     env["payload"] = base64.b64encode(json.dumps(stmt).encode()).decode()
     att.write_text(json.dumps(env))
+    table, info = load_verified(published["out"], published["pub"])
     with pytest.raises(VerifyError):
-        verify_attestations(str(published["out"]), published["table"], published["pub"])
+        verify_attestations(table, info, published["pub"])
 
 
 def test_bad_key_writes_nothing(tmp_path):
@@ -139,42 +142,3 @@ def test_publish_cli_missing_key_is_one_line(tmp_path, run_cli):
     p = run_cli("publish", "--results", tmp_path / "results", "--key", tmp_path / "none.key",
                 "--out", tmp_path / "out")
     assert p.returncode == 2 and "envbuild keygen" in p.stderr and "Traceback" not in p.stderr
-
-
-class _Quiet(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *a):
-        pass
-
-
-@pytest.fixture
-def served(published):
-    handler = functools.partial(_Quiet, directory=str(published["out"].parent))
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/table/"
-    srv.shutdown()
-    srv.server_close()
-
-
-def test_load_table_over_http_needs_a_pinned_key(published, served):
-    t = load_table(served, published["pub"])
-    assert t == published["table"]
-    assert load_table(served + "compat.json", published["pub"]) == t
-    assert load_table(served + "compat.json.dsse", published["pub"]) == t
-    with pytest.raises(VerifyError, match="pinned key"):
-        load_table(served)
-    assert load_table(served, insecure=True)["rows"] == t["rows"]
-
-
-def test_load_table_over_http_rejects_tampering(published, served):
-    path = published["out"] / "compat.json"
-    path.write_bytes(path.read_bytes().replace(b'"broken"', b'"verified"', 1))
-    with pytest.raises(VerifyError):
-        load_table(served, published["pub"])
-
-
-def test_unreachable_url_is_infrastructure():
-    with pytest.raises(InfraError):
-        load_table("http://127.0.0.1:9/table/", {"keytype": "ed25519", "scheme": "ed25519",
-                                                   "keyval": {"public": "00" * 32}})

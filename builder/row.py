@@ -1,0 +1,254 @@
+"""The compatibility table's typed rows: one model, one (de)serialiser, a schema version.
+
+compat.json (the signed payload) is `Table.to_dict()` written by table.table_bytes; every reader
+(verify, pick, diff, doctor, the page) goes through `Table.from_dict`. Keys only ever get added:
+schema 1 tables (no serial, expires, files) still read, and a row's JSON keeps the keys the
+page and older readers use. Deliberately light (stdlib only): `pick` imports it at start-up.
+
+Schema history:
+  1  rows, counts, generated, keyid
+  2  + serial (monotonic per signing key), expires (UTC), files ({name: sha256} of every other
+     file published with the table: compat.md, index.html, attestations/*)
+"""
+
+from __future__ import annotations
+
+import calendar
+import re
+import time
+from dataclasses import dataclass, field
+
+from .errors import InputError
+from .vocab import LEVELS
+
+SCHEMA = 2
+READABLE_SCHEMAS = (1, 2)
+STATUSES = ("verified", "broken", "untested", "unpinned")
+
+
+_PINNED = re.compile(r"(?P<repo>[^@\s]+)@sha256:(?P<hex>[0-9a-f]{64})")
+
+
+def parse_pinned(ref: object) -> tuple[str, str] | None:
+    """'repo@sha256:hex' -> (repo, hex); anything else (a tag, None) -> None."""
+    m = _PINNED.fullmatch(ref) if isinstance(ref, str) else None
+    return (m["repo"], m["hex"]) if m else None
+
+
+def parse_utc(s: str) -> int:
+    """'YYYY-MM-DDTHH:MM:SSZ' -> epoch seconds (ValueError otherwise)."""
+    return calendar.timegm(time.strptime(s, "%Y-%m-%dT%H:%M:%SZ"))
+
+
+def _opt_str(v: object) -> str | None:
+    return None if v is None else str(v)
+
+
+@dataclass
+class Entry:
+    """One level's state (env/contract/gpu), or the build's: the verdict and where it came from."""
+
+    status: str = "not-run"
+    cause: str | None = None
+    detail: str = ""
+    run_id: str | None = None
+    created: str | None = None
+    gpu: str | None = None  # gpu level: the GPU it ran on
+    stage: str | None = None  # build entry of a failed/errored record: the stage that stopped
+
+    def to_dict(self) -> dict:
+        d = {"status": self.status, "cause": self.cause, "detail": self.detail,
+             "run_id": self.run_id, "created": self.created}
+        if self.gpu is not None:
+            d["gpu"] = self.gpu
+        if self.stage is not None:
+            d["stage"] = self.stage
+        return d
+
+    @classmethod
+    def from_dict(cls, d: object) -> "Entry":
+        if not isinstance(d, dict):
+            return cls()
+        return cls(status=str(d.get("status") or "not-run"), cause=_opt_str(d.get("cause")),
+                   detail=str(d.get("detail") or ""), run_id=_opt_str(d.get("run_id")),
+                   created=_opt_str(d.get("created")), gpu=_opt_str(d.get("gpu")), stage=_opt_str(d.get("stage")))
+
+
+@dataclass
+class Image:
+    ref: str | None = None
+    digest: str | None = None  # "sha256:<hex>" when pushed
+    pinned: str | None = None  # "repo@sha256:<hex>": what `pick` prints
+    size: int | None = None
+
+    def to_dict(self) -> dict:
+        return {"ref": self.ref, "digest": self.digest, "pinned": self.pinned, "size": self.size}
+
+    @classmethod
+    def from_dict(cls, d: object) -> "Image | None":
+        if not isinstance(d, dict):
+            return None
+        size = d.get("size")
+        return cls(_opt_str(d.get("ref")), _opt_str(d.get("digest")), _opt_str(d.get("pinned")),
+                   size if isinstance(size, int) and not isinstance(size, bool) else None)
+
+
+@dataclass
+class Failure:
+    level: str  # env | contract | gpu | build
+    cause: str | None
+    detail: str = ""
+
+    def to_dict(self) -> dict:
+        return {"level": self.level, "cause": self.cause, "detail": self.detail}
+
+    @classmethod
+    def from_dict(cls, d: object) -> "Failure | None":
+        if not isinstance(d, dict):
+            return None
+        return cls(str(d.get("level")), _opt_str(d.get("cause")), str(d.get("detail") or ""))
+
+
+@dataclass
+class Combo:
+    """The combination's versions as recorded; fields this envbuild does not know are kept."""
+
+    verl: str | None = None
+    engine: str | None = None
+    engine_version: str | None = None
+    torch: str | None = None
+    cuda: str | None = None
+    python: str | None = None
+    tag: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    _NAMED = ("verl", "engine", "engine_version", "torch", "cuda", "python", "tag")
+
+    def get(self, name: str) -> str | None:
+        return getattr(self, name) if name in self._NAMED else self.extra.get(name)
+
+    def to_dict(self) -> dict:
+        d = dict(self.extra)
+        d.update({k: getattr(self, k) for k in self._NAMED if getattr(self, k) is not None})
+        return d
+
+    @classmethod
+    def from_dict(cls, d: object) -> "Combo":
+        if not isinstance(d, dict):
+            return cls()
+        return cls(**{k: _opt_str(d.get(k)) for k in cls._NAMED},
+                   extra={k: v for k, v in d.items() if k not in cls._NAMED and k != "id"})
+
+
+@dataclass
+class HistoryEntry:
+    run_id: str | None
+    created: str | None
+    stage: str | None
+    status: str | None
+    cause: str | None = None
+    image: str | None = None
+    levels: dict = field(default_factory=dict)  # {level: status}
+    gpu: object = None
+
+    def to_dict(self) -> dict:
+        return {"run_id": self.run_id, "created": self.created, "stage": self.stage, "status": self.status,
+                "cause": self.cause, "image": self.image, "levels": dict(self.levels), "gpu": self.gpu}
+
+    @classmethod
+    def from_dict(cls, d: object) -> "HistoryEntry":
+        d = d if isinstance(d, dict) else {}
+        lv = d.get("levels")
+        return cls(_opt_str(d.get("run_id")), _opt_str(d.get("created")), _opt_str(d.get("stage")),
+                   _opt_str(d.get("status")), _opt_str(d.get("cause")), _opt_str(d.get("image")),
+                   dict(lv) if isinstance(lv, dict) else {}, d.get("gpu"))
+
+
+@dataclass
+class Row:
+    id: str
+    combo: Combo
+    image: Image | None
+    build: Entry
+    levels: dict[str, Entry]  # every level in LEVELS
+    best_level: str | None
+    status: str  # verified | broken | untested | unpinned
+    failure: Failure | None = None
+    lock_hash: str | None = None
+    base: dict | None = None
+    history: list[HistoryEntry] = field(default_factory=list)  # newest first
+
+    def level(self, name: str) -> Entry:
+        return self.levels.get(name) or Entry()
+
+    @property
+    def pinned(self) -> str | None:
+        return self.image.pinned if self.image else None
+
+    def newest(self) -> str:
+        return max((e.created or "" for e in self.levels.values()), default="")
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "combo": self.combo.to_dict(), "image": self.image.to_dict() if self.image else None,
+                "build": self.build.to_dict(), "levels": {k: v.to_dict() for k, v in self.levels.items()},
+                "best_level": self.best_level, "status": self.status,
+                "failure": self.failure.to_dict() if self.failure else None,
+                "lock_hash": self.lock_hash, "base": self.base, "history": [h.to_dict() for h in self.history]}
+
+    @classmethod
+    def from_dict(cls, d: object, where: str = "table", i: int = 0) -> "Row":
+        if not isinstance(d, dict) or not isinstance(d.get("id"), str) or not d["id"]:
+            raise InputError(where, None, f"rows[{i}].id", d.get("id") if isinstance(d, dict) else d,
+                             "every row needs a string id")
+        lv = d.get("levels") if isinstance(d.get("levels"), dict) else {}
+        best = d.get("best_level")
+        hist = d.get("history")
+        return cls(
+            id=d["id"], combo=Combo.from_dict(d.get("combo")), image=Image.from_dict(d.get("image")),
+            build=Entry.from_dict(d.get("build")),
+            levels={k: Entry.from_dict(lv.get(k)) for k in LEVELS},
+            best_level=best if best in LEVELS else None, status=str(d.get("status")),
+            failure=Failure.from_dict(d.get("failure")), lock_hash=_opt_str(d.get("lock_hash")),
+            base=d.get("base") if isinstance(d.get("base"), dict) else None,
+            history=[HistoryEntry.from_dict(h) for h in hist] if isinstance(hist, list) else [])
+
+
+@dataclass
+class Table:
+    rows: list[Row]
+    generated: str | None = None
+    keyid: str | None = None
+    serial: int | None = None  # None: a schema-1 table (published before serials)
+    expires: str | None = None  # "YYYY-MM-DDTHH:MM:SSZ"
+    files: dict[str, str] = field(default_factory=dict)  # {relative path: sha256 hex}
+    schema: int = SCHEMA
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {s: sum(1 for r in self.rows if r.status == s) for s in STATUSES}
+
+    def to_dict(self) -> dict:
+        d = {"schema": self.schema, "generated": self.generated, "keyid": self.keyid, "counts": self.counts,
+             "rows": [r.to_dict() for r in self.rows]}
+        if self.schema >= 2:
+            d.update(serial=self.serial, expires=self.expires, files=dict(self.files))
+        return d
+
+    @classmethod
+    def from_dict(cls, d: object, where: str = "table") -> "Table":
+        if not isinstance(d, dict) or not isinstance(d.get("rows"), list):
+            raise InputError(where, None, "rows", None, "not an envbuild table")
+        schema = d.get("schema")
+        if schema not in READABLE_SCHEMAS:
+            raise InputError(where, None, "schema", schema,
+                             f"this envbuild reads schemas {', '.join(map(str, READABLE_SCHEMAS))}; "
+                             "upgrade envbuild")
+        serial = d.get("serial")
+        if serial is not None and (not isinstance(serial, int) or isinstance(serial, bool) or serial < 0):
+            raise InputError(where, None, "serial", serial, "expected a non-negative integer")
+        files = d.get("files") or {}
+        if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+            raise InputError(where, None, "files", "…", "expected {name: sha256}")
+        return cls(rows=[Row.from_dict(r, where, i) for i, r in enumerate(d["rows"])],
+                   generated=_opt_str(d.get("generated")), keyid=_opt_str(d.get("keyid")), serial=serial,
+                   expires=_opt_str(d.get("expires")), files=files, schema=schema)
