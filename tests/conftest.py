@@ -9,6 +9,17 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(autouse=True)
+def _own_envbuild_state(tmp_path_factory, monkeypatch):
+    """Each test gets its own envbuild state and config dirs (keys pinned on first use, table
+    serials seen, a default table): never the user's, never another test's."""
+    root = tmp_path_factory.mktemp("envbuild-home")
+    monkeypatch.setenv("ENVBUILD_STATE", str(root / "state"))
+    monkeypatch.setenv("ENVBUILD_CONFIG", str(root / "config"))
+    for name in ("ENVBUILD_TABLE", "ENVBUILD_PUBKEY"):
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.fixture
 def run_cli():
     """Run the real `envbuild` entry point in a subprocess; returns CompletedProcess."""
