@@ -1,0 +1,213 @@
+"""An OCI distribution client for the few calls envbuild makes (through oras-py).
+
+oras-py's Registry does the HTTP and the authentication: the user's Docker credentials
+(~/.docker/config.json `auths`, `credHelpers`, `credsStore`, or $DOCKER_CONFIG) and the
+registries' token dance, so a private registry answers like a public one. Two things are set
+here: plain http only for loopback registries (and no proxy for them), and a timeout on every
+request with no retry loop - oras' own do_request retries five times with sleeps of up to 83 s,
+which would turn "registry unreachable" into minutes; envbuild reports it at once instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+
+import oras.provider
+import requests
+import requests.adapters
+
+from .errors import InfraError
+
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+MANIFEST_TYPES = [
+    "application/vnd.docker.distribution.manifest.v2+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    OCI_MANIFEST,
+    OCI_INDEX,
+]
+DEFAULT_TIMEOUT = 20.0
+
+
+def is_loopback(host: str) -> bool:
+    h = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    return h in ("localhost", "[::1]") or h.startswith("127.")
+
+
+def sha256_digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True)
+class Descriptor:
+    media_type: str
+    digest: str
+    size: int
+
+    def to_dict(self) -> dict:
+        return {"mediaType": self.media_type, "digest": self.digest, "size": self.size}
+
+
+class _Timeout(requests.adapters.HTTPAdapter):
+    def __init__(self, timeout: float):
+        super().__init__()
+        self._timeout = timeout
+
+    def send(self, request, **kw):
+        if kw.get("timeout") is None:
+            kw["timeout"] = self._timeout
+        return super().send(request, **kw)
+
+
+class _Oras(oras.provider.Registry):
+    # One attempt: the caller decides what an unreachable registry means.
+    do_request = oras.provider.Registry.do_request.__wrapped__
+
+
+class Registry:
+    """One registry host. `name` arguments are repository paths without the host."""
+
+    def __init__(self, host: str, timeout: float = DEFAULT_TIMEOUT):
+        self.host = host
+        loop = is_loopback(host)
+        self._r = _Oras(hostname=host, insecure=loop)
+        s = self._r.session
+        if loop:
+            s.trust_env = False  # no proxy between us and 127.0.0.1
+        adapter = _Timeout(timeout)
+        s.mount("http://", adapter)
+        s.mount("https://", adapter)
+        self._auth_loaded: set[str] = set()
+        self.base = f"{'http' if loop else 'https'}://{host}/v2"
+
+    # -- plumbing -------------------------------------------------------------------------
+    def _load_auth(self, name: str) -> None:
+        if name in self._auth_loaded:
+            return
+        cfg = os.environ.get("DOCKER_CONFIG")
+        configs = [os.path.join(cfg, "config.json")] if cfg else None
+        try:
+            self._r.auth.load_configs(self._r.get_container(f"{self.host}/{name}"), configs=configs)
+        except (OSError, ValueError, KeyError) as e:
+            raise InfraError("registry-auth", f"{self.host}: cannot read Docker credentials ({e})")
+        self._auth_loaded.add(name)
+
+    def request(self, method: str, name: str, path: str, *, headers: dict | None = None,
+                data: bytes | None = None, url: str | None = None) -> requests.Response:
+        self._load_auth(name)
+        url = url or f"{self.base}/{name}/{path}"
+        try:
+            r = self._r.do_request(url, method, data=data, headers=dict(headers or {}))
+        except requests.exceptions.RequestException as e:
+            raise InfraError("registry-unreachable", f"{self.host}: {type(e).__name__}: {e}")
+        except ValueError as e:  # oras: "Cannot respond to request for authentication."
+            raise InfraError("registry-auth", f"{method} {url}: {e}")
+        if r.status_code in (401, 403):
+            raise InfraError("registry-auth", f"{method} {url}: HTTP {r.status_code} (check `docker login {self.host}`)")
+        return r
+
+    def _fail(self, r: requests.Response, what: str) -> InfraError:
+        try:
+            errs = "; ".join(e.get("message", "") for e in r.json().get("errors", []))
+        except (ValueError, AttributeError):
+            errs = r.text[:200]
+        return InfraError("registry-error", f"{what}: HTTP {r.status_code} {errs}".rstrip())
+
+    # -- manifests ------------------------------------------------------------------------
+    def head_manifest(self, name: str, ref: str) -> Descriptor | None:
+        r = self.request("HEAD", name, f"manifests/{ref}", headers={"Accept": ", ".join(MANIFEST_TYPES)})
+        if r.status_code == 404:
+            return None
+        if r.status_code != 200:
+            raise self._fail(r, f"HEAD {name}:{ref}")
+        digest = r.headers.get("Docker-Content-Digest")
+        if not digest and ref.startswith("sha256:"):
+            digest = ref
+        if not digest:  # some registries omit the header on HEAD: ask for the bytes
+            got = self.get_manifest(name, ref)
+            return got[0] if got else None
+        return Descriptor(r.headers.get("Content-Type", "").split(";")[0], digest,
+                          int(r.headers.get("Content-Length") or 0))
+
+    def get_manifest(self, name: str, ref: str) -> tuple[Descriptor, bytes] | None:
+        r = self.request("GET", name, f"manifests/{ref}", headers={"Accept": ", ".join(MANIFEST_TYPES)})
+        if r.status_code == 404:
+            return None
+        if r.status_code != 200:
+            raise self._fail(r, f"GET {name}:{ref}")
+        body = r.content
+        digest = sha256_digest(body)
+        if ref.startswith("sha256:") and ref != digest:
+            raise InfraError("registry-error", f"{name}@{ref}: the registry served bytes with digest {digest}")
+        mt = r.headers.get("Content-Type", "").split(";")[0]
+        try:
+            mt = json.loads(body).get("mediaType") or mt
+        except (ValueError, AttributeError):
+            pass
+        return Descriptor(mt, digest, len(body)), body
+
+    def put_manifest(self, name: str, ref: str, body: bytes, media_type: str = OCI_MANIFEST) -> requests.Response:
+        r = self.request("PUT", name, f"manifests/{ref}", headers={"Content-Type": media_type}, data=body)
+        if r.status_code not in (200, 201, 202):
+            raise self._fail(r, f"PUT {name}:{ref}")
+        return r
+
+    def delete_manifest(self, name: str, digest: str) -> bool:
+        return self.request("DELETE", name, f"manifests/{digest}").status_code in (200, 202)
+
+    # -- blobs ----------------------------------------------------------------------------
+    def put_blob(self, name: str, data: bytes, media_type: str) -> Descriptor:
+        d = Descriptor(media_type, sha256_digest(data), len(data))
+        if self.request("HEAD", name, f"blobs/{d.digest}").status_code == 200:
+            return d
+        r = self.request("POST", name, "blobs/uploads/")
+        loc = r.headers.get("Location")
+        if r.status_code != 202 or not loc:
+            raise self._fail(r, f"POST {name} blob upload")
+        if loc.startswith("/"):
+            loc = self.base[: -len("/v2")] + loc
+        loc += ("&" if "?" in loc else "?") + f"digest={d.digest}"
+        r = self.request("PUT", name, "", url=loc, data=data,
+                         headers={"Content-Type": "application/octet-stream", "Content-Length": str(len(data))})
+        if r.status_code not in (201, 204):
+            raise self._fail(r, f"PUT {name} blob {d.digest}")
+        return d
+
+    def get_blob(self, name: str, digest: str, max_bytes: int = 64 << 20) -> bytes | None:
+        r = self.request("GET", name, f"blobs/{digest}")
+        if r.status_code == 404:
+            return None
+        if r.status_code != 200:
+            raise self._fail(r, f"GET {name} blob {digest}")
+        body = r.content[: max_bytes + 1]
+        if len(body) > max_bytes or sha256_digest(body) != digest:
+            raise InfraError("registry-error", f"{name} blob {digest}: content does not match its digest")
+        return body
+
+    # -- referrers (OCI 1.1) --------------------------------------------------------------
+    def referrers(self, name: str, digest: str) -> list[dict] | None:
+        """The descriptors that name `digest` as their subject; None when the registry has
+        no referrers API (it answers 404 for the endpoint, or something that is not an index)."""
+        r = self.request("GET", name, f"referrers/{digest}", headers={"Accept": OCI_INDEX})
+        if r.status_code != 200:
+            return None
+        try:
+            idx = r.json()
+        except ValueError:
+            return None
+        if not isinstance(idx, dict) or not isinstance(idx.get("manifests"), list):
+            return None
+        return [m for m in idx["manifests"] if isinstance(m, dict)]
+
+
+def split_repo(repo: str) -> tuple[str, str]:
+    """'host:5000/a/b' -> ('host:5000', 'a/b'); a repo without a registry host is input error."""
+    from .docker import registry_host
+
+    host = registry_host(repo)
+    if not host:
+        raise ValueError(f"{repo}: no registry host (expected HOST[:PORT]/NAME)")
+    return host, repo[len(host) + 1:]
