@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "keygen": ("envbuild.sign", "make an Ed25519 key pair for signing tables"),
     "publish": ("envbuild.table", "fold result records into the signed compatibility table"),
     "verify": ("envbuild.verify", "verify a signed table"),
+    "attach": ("envbuild.attach", "sign and attach test results, SBOM and provenance to pushed image digests"),
     "pick": ("envbuild.pick", "print the best verified image for a selection"),
     "diff": ("envbuild.diff", "compare two tables; exit 1 on regressions"),
     "discover": ("envbuild.discover", "find upstream releases newer than the matrix"),
