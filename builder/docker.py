@@ -20,8 +20,6 @@ import subprocess
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -266,11 +264,6 @@ def registry_host(repo: str) -> str | None:
     return None
 
 
-def _is_loopback(host: str) -> bool:
-    h = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-    return h in ("localhost", "127.0.0.1", "[::1]") or h.startswith("127.")
-
-
 MANIFEST_TYPES = ", ".join([
     "application/vnd.docker.distribution.manifest.v2+json",
     "application/vnd.docker.distribution.manifest.list.v2+json",
@@ -279,26 +272,21 @@ MANIFEST_TYPES = ", ".join([
 
 
 def registry_digest(ref: str, timeout: float = 10) -> str | None:
-    """The registry's digest for this tag, or None. Only the v2 API is asked (HEAD on the
-    manifest): no pull. Unknown (no registry in the ref, unreachable, auth) counts as absent,
-    so a build happens rather than a wrong skip."""
+    """The registry's digest for this tag, or None. A HEAD on the manifest (no pull) through
+    envbuild.registry, with the user's Docker credentials, so a private registry answers too.
+    Unknown (no registry in the ref, unreachable, auth refused) counts as absent, so a build
+    happens rather than a wrong skip."""
+    from .registry import Registry  # here: requests + oras cost ~0.2 s; only build/push need them
+
     repo, tag = split_ref(ref)
     host = registry_host(repo)
     if not host:
         return None
-    name = repo[len(host) + 1:]
-    scheme = "http" if _is_loopback(host) else "https"
-    url = f"{scheme}://{host}/v2/{name}/manifests/{tag.lstrip('@')}"
-    req = urllib.request.Request(url, method="HEAD", headers={"Accept": MANIFEST_TYPES})
     try:
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({})) if _is_loopback(host) \
-            else urllib.request.build_opener()
-        with opener.open(req, timeout=timeout) as r:
-            if r.status != 200:
-                return None
-            return r.headers.get("Docker-Content-Digest") or None
-    except (urllib.error.URLError, OSError, ValueError):
+        d = Registry(host, timeout=timeout).head_manifest(repo[len(host) + 1:], tag.lstrip("@"))
+    except InfraError:
         return None
+    return d.digest if d else None
 
 
 # --- running a logged, killable command ---------------------------------------------------------
