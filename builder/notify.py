@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 from .diff import compare
 from .errors import InfraError, UsageError
+from .row import Table
+from .verify import load_verified
 
 LABEL = "envbuild"
 MARKER = "<!-- envbuild:combination={id} -->"
@@ -132,9 +134,15 @@ class Action:
     number: int
 
 
-def plan_actions(old: dict, new: dict) -> tuple[dict[str, str], list[str]]:
-    """{id: "broken" | "fixed" | "gone"} for rows whose issue may change, and the ids of rows
-    verified in OLD that regressed in NEW."""
+def regressed(old: Table, new: Table) -> list[str]:
+    """Rows verified in OLD with a level that passed there and fails now (`envbuild diff`'s rule)."""
+    was = {r.id: r.status for r in old.rows}
+    return sorted({c.id for c in compare(old, new).regressions if was.get(c.id) == "verified"})
+
+
+def plan_actions(old: dict, new: dict) -> dict[str, str]:
+    """{id: "broken" | "fixed" | "gone"} for rows whose issue may change. Rows are read as the
+    published JSON (by key), which stays the same whatever the in-memory row type."""
     a = {r["id"]: r for r in old.get("rows", []) if isinstance(r, dict) and isinstance(r.get("id"), str)}
     b = {r["id"]: r for r in new.get("rows", []) if isinstance(r, dict) and isinstance(r.get("id"), str)}
     todo: dict[str, str] = {}
@@ -145,14 +153,12 @@ def plan_actions(old: dict, new: dict) -> tuple[dict[str, str], list[str]]:
             todo[cid] = "fixed"
     for cid in a.keys() - b.keys():
         todo[cid] = "gone"
-    d = compare(old, new)
-    regressed = sorted({c.id for c in d.regressions if _status(a.get(c.id)) == "verified"})
-    return todo, regressed
+    return todo
 
 
 def notify(gh: GitHub, old: dict, new: dict, run_url: str | None = None, table_url: str | None = None,
-           max_new: int = 30) -> tuple[list[Action], list[str]]:
-    todo, regressed = plan_actions(old, new)
+           max_new: int = 30) -> list[Action]:
+    todo = plan_actions(old, new)
     rows_old = {r.get("id"): r for r in old.get("rows", []) if isinstance(r, dict)}
     rows_new = {r.get("id"): r for r in new.get("rows", []) if isinstance(r, dict)}
     mine: dict[str, dict] = {}
@@ -198,7 +204,7 @@ def notify(gh: GitHub, old: dict, new: dict, run_url: str | None = None, table_u
             gh.comment(issue["number"], why + ". Closed by `envbuild ci notify`.")
             gh.update(issue["number"], state="closed", state_reason="completed" if what == "fixed" else "not_planned")
             actions.append(Action("closed", cid, issue["number"]))
-    return actions, regressed
+    return actions
 
 
 # ---------------------------------------------------------------- CLI (under `envbuild ci`)
@@ -214,25 +220,26 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from .verify import load_table
-
     env = os.environ
     missing = [k for k in ("GITHUB_REPOSITORY", "GITHUB_TOKEN") if not env.get(k)]
     if missing:
         raise UsageError(f"ci notify: {', '.join(missing)} not set (GitHub Actions sets them; "
                          "the job needs `permissions: issues: write`)")
-    old = load_table(args.old, args.pubkey, insecure=args.insecure) if args.old else {"rows": []}
-    new = load_table(args.new, args.pubkey, insecure=args.insecure)
+    new = load_verified(args.new, args.pubkey, insecure=args.insecure, quiet=True)[0]
+    # OLD is old by design (diff's rule): its signature is checked, not its freshness.
+    old = load_verified(args.old, args.pubkey, insecure=args.insecure, quiet=True, fresh=False)[0] \
+        if args.old else Table(rows=[])
     gh = GitHub(env.get("GITHUB_API_URL") or "https://api.github.com", env["GITHUB_REPOSITORY"], env["GITHUB_TOKEN"])
     run_url = None
     if env.get("GITHUB_RUN_ID"):
         run_url = f"{env.get('GITHUB_SERVER_URL') or 'https://github.com'}/{env['GITHUB_REPOSITORY']}/actions/runs/{env['GITHUB_RUN_ID']}"
-    actions, regressed = notify(gh, old, new, run_url, args.table_url, args.max_new)
+    actions = notify(gh, old.to_dict(), new.to_dict(), run_url, args.table_url, args.max_new)
+    bad = regressed(old, new)
     for a in actions:
         print(f"#{a.number} {a.kind}: {a.id}")
     if not actions:
         print("no issue to open, update or close")
-    if regressed:
-        print(f"{len(regressed)} verified combination(s) regressed: {', '.join(regressed)}", file=sys.stderr)
+    if bad:
+        print(f"{len(bad)} verified combination(s) regressed: {', '.join(bad)}", file=sys.stderr)
         return 1
     return 0

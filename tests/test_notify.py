@@ -133,6 +133,7 @@ def test_notify_opens_updates_and_closes(tmp_path, gh, run_cli, monkeypatch):
            "GITHUB_SERVER_URL": "https://github.example", "GITHUB_RUN_ID": "77"}
     for k, v in env.items():
         monkeypatch.setenv(k, v)
+    monkeypatch.setenv("ENVBUILD_STATE", str(tmp_path / "state"))  # the reader's trust state: this test's own
 
     def notify(old, new):
         p = run_cli("ci", "notify", new, "--old", old, "--pubkey", pub, "--table-url", "https://t.example/")
@@ -199,6 +200,7 @@ def test_notify_opens_updates_and_closes(tmp_path, gh, run_cli, monkeypatch):
 
 
 def test_notify_refuses_a_tampered_table_and_missing_credentials(tmp_path, gh, run_cli, monkeypatch):
+    monkeypatch.setenv("ENVBUILD_STATE", str(tmp_path / "state"))
     priv, pub, _ = write_keypair(tmp_path / "keys")
     t = table(tmp_path, "t", priv, [rec(A, {"env": verdict("fail", "pip-check")}, img=image(A), status="fail", run=1)])
     monkeypatch.delenv("GITHUB_TOKEN", raising=False)

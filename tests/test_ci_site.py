@@ -1,0 +1,169 @@
+"""The nightly's publish and notify jobs, run from the committed workflow's own scripts over three
+nights against a local "GitHub Pages" (http.server on 127.0.0.1) and a fake issues API: the
+records and the last table come back from the published site (verified), the diff lands in the
+job summary, history/ keeps earlier signed tables, a forged site stops the run, and notify turns
+a regression red."""
+
+import base64
+import functools
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from table_fixtures import combo, image, passed, rec, verdict, write_all
+from test_notify import REPO, TOKEN, FakeGitHub
+
+from envbuild.ci import WORKFLOW_FILE
+from envbuild.sign import load_public_key, verify_envelope, write_keypair
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKFLOW = ROOT / ".github" / WORKFLOW_FILE
+A = combo(verl="0.4.1", ev="0.8.4")
+B = combo(verl="0.5.0", ev="0.8.5")
+# Three recent nights (tables expire: `generated` must be recent for the new table to verify).
+NIGHTS = [int(time.time()) - 3 * 86400 + i * 86400 for i in range(4)]
+
+
+def stamp(epoch):
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(epoch))
+
+pytestmark = pytest.mark.skipif(not shutil.which("curl"), reason="the scripts fetch with curl")
+
+
+def _steps(job):
+    wf = yaml.safe_load(WORKFLOW.read_text())
+    return {s["id"]: s for s in wf["jobs"][job]["steps"] if "id" in s}
+
+
+class Pages:
+    """A static site server whose folder can be swapped between nights."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        handler = functools.partial(self._Handler, directory=str(root))
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}/"
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    class _Handler(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+    def serve(self, site: Path):
+        shutil.rmtree(self.root)
+        shutil.copytree(site, self.root)
+
+
+def night(work: Path, pages: Pages, key_pem: str, records, epoch: int, keep: int = 60, expect_fail=None):
+    """One publish job in `work` (fresh), tonight's records in place of the artifact download."""
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    (work / "rt").mkdir()
+    out, summary = work / "github_output", work / "summary.md"
+    env = {**os.environ, "TABLE_URL": pages.url, "RUNNER_TEMP": str(work / "rt"), "GITHUB_OUTPUT": str(out),
+           "GITHUB_STEP_SUMMARY": str(summary), "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1",
+           "SOURCE_DATE_EPOCH": str(epoch), "ENVBUILD_STATE": str(work.parent / "state")}
+    steps = _steps("publish")
+
+    def run(step_id, **more):
+        p = subprocess.run(["bash", "-c", steps[step_id]["run"]], cwd=work, env={**env, **more},
+                           capture_output=True, text=True, timeout=300)
+        return p
+
+    p = run("earlier")
+    assert p.returncode == 0, p.stderr
+    write_all(work / "results", records)  # "Tonight's results" (download-artifact, merge-multiple)
+    p = run("sign", ENVBUILD_SIGNING_KEY=key_pem)
+    assert p.returncode == 0, p.stderr
+    p = run("last", ENVBUILD_PUBKEY="")
+    assert p.returncode == 0, p.stderr
+    found = dict(line.split("=", 1) for line in out.read_text().splitlines())["found"]
+    for sid in ("diff", "site"):
+        p = run(sid, FOUND=found, HISTORY_KEEP=str(keep))
+        if sid == expect_fail:
+            return p, work  # the job stops at a failed step: later steps do not run
+        assert p.returncode == 0, (sid, p.stderr)
+    return p, work
+
+
+def test_three_nights_of_publishing(tmp_path, run_cli):
+    priv, pub, _ = write_keypair(tmp_path / "keys")
+    key_pem = Path(priv).read_text()
+    pages = Pages(tmp_path / "pages")
+    try:
+        # Night 1: nothing published yet.
+        _, w1 = night(tmp_path / "n1", pages, key_pem, [rec(A, passed("env", "contract"), img=image(A), run=1),
+                                                        rec(B, passed("env", "contract"), img=image(B), run=2)],
+                      epoch=NIGHTS[0])
+        s1 = (w1 / "summary.md").read_text()
+        assert "No published table yet" in s1 and "first run" in s1
+        site1 = w1 / "site"
+        assert {"index.html", "compat.json", "compat.json.dsse", "pubkey.json", "results.tar.gz",
+                "history.tar.gz"} <= {p.name for p in site1.iterdir()}
+        assert json.loads((site1 / "history" / "index.json").read_text()) == []
+        pages.serve(site1)
+
+        # Night 2 runs only A, which regressed: B's verdict comes back from the site's records.
+        broken = rec(A, {"env": verdict("pass"), "contract": verdict("fail", "import-error", "No module named x")},
+                     img=image(A, build=1), status="fail", run=11)
+        p, w2 = night(tmp_path / "n2", pages, key_pem, [broken], epoch=NIGHTS[1])
+        assert p.returncode == 0, p.stderr
+        s2 = (w2 / "summary.md").read_text()
+        assert "1 regression(s)" in s2 and A["id"] in s2 and "both signatures verified" in s2
+        rows = {r["id"]: r for r in json.loads((w2 / "site" / "compat.json").read_text())["rows"]}
+        assert rows[A["id"]]["status"] == "broken" and rows[B["id"]]["status"] == "verified"
+        with tarfile.open(w2 / "site" / "results.tar.gz") as t:
+            assert len([n for n in t.getnames() if n.endswith(".json")]) == 3
+        hist = json.loads((w2 / "site" / "history" / "index.json").read_text())
+        assert hist == [f"{stamp(NIGHTS[0])}.compat.json.dsse"]  # night 1's table, by its generated time
+        # The history entry is night 1's signed table: its envelope verifies, its payload is that compat.json.
+        env1 = json.loads((w2 / "site" / "history" / hist[0]).read_text())
+        payload, _ = verify_envelope(env1, load_public_key(pub), hist[0])
+        assert payload == (site1 / "compat.json").read_bytes()
+        assert json.loads((w2 / "diff.json").read_text())["regressions"][0]["id"] == A["id"]
+
+        # The notify job on night 2's outputs: A's issue opens and the nightly goes red.
+        gh = FakeGitHub()
+        try:
+            env = {**os.environ, "ENVBUILD_STATE": str(tmp_path / "state-notify"), "GITHUB_API_URL": gh.url, "GITHUB_REPOSITORY": REPO, "TABLE_URL": pages.url}
+            step = _steps("notify")["notify"]
+            p = subprocess.run(["bash", "-c", step["run"]], cwd=w2, env={**env, "GITHUB_TOKEN": TOKEN},
+                               capture_output=True, text=True, timeout=120)
+            assert p.returncode == 1 and "regressed" in p.stderr, p.stdout + p.stderr
+            assert [i["title"] for i in gh.issues.values()] == [f"envbuild: {A['id']} broken at contract (import-error)"]
+        finally:
+            gh.close()
+        pages.serve(w2 / "site")
+
+        # Night 3 keeps one earlier table: night 2's (night 1's is pruned).
+        _, w3 = night(tmp_path / "n3", pages, key_pem, [rec(A, passed("env", "contract"), img=image(A, build=2), run=21)],
+                      epoch=NIGHTS[2], keep=1)
+        assert json.loads((w3 / "site" / "history" / "index.json").read_text()) == [f"{stamp(NIGHTS[1])}.compat.json.dsse"]
+        assert "0 regression" in (w3 / "summary.md").read_text() or "no regressions" in (w3 / "summary.md").read_text()
+
+        # A forged published table (a row flipped to verified) stops the run before any diff or site.
+        forged = tmp_path / "forged"
+        shutil.copytree(w3 / "site", forged)
+        env = json.loads((forged / "compat.json.dsse").read_text())
+        doc = json.loads(base64.b64decode(env["payload"]))
+        doc["rows"][0]["status"] = "broken" if doc["rows"][0]["status"] != "broken" else "verified"
+        forged_bytes = (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
+        env["payload"] = base64.b64encode(forged_bytes).decode()  # the old signature kept
+        (forged / "compat.json.dsse").write_text(json.dumps(env))
+        (forged / "compat.json").write_bytes(forged_bytes)
+        pages.serve(forged)
+        p, w4 = night(tmp_path / "n4", pages, key_pem, [], epoch=NIGHTS[3], expect_fail="diff")
+        assert p.returncode == 2 and "tampered" in p.stderr and not (w4 / "site").exists()
+    finally:
+        pages.srv.shutdown()
+        pages.srv.server_close()
