@@ -1,8 +1,9 @@
 """`envbuild doctor`: catch verl's silent pitfalls before a training run starts.
 
 Input is what the user gives verl's trainer: Hydra overrides after `--` and/or a YAML file. They are
-merged over the table of verl's defaults (envbuild.verl_config) and every check reads the merged
-config. Each check says pass / warn / fail / skip, one line why, and the fix. Exit 1 when any fails.
+merged over verl's own composed trainer config the way verl merges them (envbuild.verl_config) and
+every check reads the merged, resolved config. Each check says pass / warn / fail / skip, one line
+why, and the fix. Exit 1 when any fails; 2 when the config itself cannot be read (as verl would stop).
 
 Groups: config (unknown keys), grpo (grouped sampling, KL, advantage normalisation, batch size against
 GPU memory), fsdp (offload settings), data (parquet files), output (atomic writes, free space),
@@ -24,7 +25,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .verl_config import KNOWN, VerlConfig, build_config
+from .errors import EnvbuildError
+from .verl_config import VerlConfig, build_config
+from .yamlsafe import read_bounded
 
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
 GROUPS = ("config", "grpo", "fsdp", "data", "output", "ray", "env")
@@ -118,10 +121,11 @@ def model_facts(path: Any) -> dict | None:
     if not isinstance(path, str) or not path:
         return None
     p = Path(path).expanduser()
-    cfg_file = p / "config.json"
-    try:
-        cfg = json.loads(cfg_file.read_text())
-    except (OSError, ValueError):
+    try:  # a regular file, bounded: a FIFO named config.json must not hang doctor
+        cfg = json.loads(read_bounded(p / "config.json", 1 << 20, "config.json"))
+    except (EnvbuildError, ValueError):
+        return None
+    if not isinstance(cfg, dict):
         return None
     cfg = cfg.get("text_config", cfg) if isinstance(cfg.get("text_config"), dict) else cfg
     weights = sum(f.stat().st_size for f in p.glob("*.safetensors")) or sum(f.stat().st_size for f in p.glob("*.bin"))
@@ -144,17 +148,21 @@ def check_config(cfg: VerlConfig, opt: Options) -> list[Result]:
 
 def _value_types(cfg: VerlConfig) -> Result:
     """Booleans and numbers given as something else. A quoted "False" in a YAML file is a non-empty
-    string, which verl's `if config.use_kl_loss:` reads as True: silent, and the opposite of intended."""
+    string, which verl's `if config.use_kl_loss:` reads as True: silent, and the opposite of intended.
+    An interpolation (`${oc.env:GPU_UTIL,0.5}`) resolves to a string; verl's typed configs convert it,
+    so a string that reads as the expected type is fine there."""
     bad = []
     for key in cfg.explicit:
-        default, v = KNOWN.get(key), cfg.values.get(key)
+        default, v = cfg.default(key), cfg.get(key)
         if (key in cfg.deleted or v is None or default is None or isinstance(default, (str, dict, list))
                 or key.rpartition(".")[2] in MIXED_TYPES):
             continue
+        interpolated = isinstance(cfg.values.get(key), str) and "${" in cfg.values[key]
         if isinstance(default, bool):
-            ok, want = isinstance(v, bool), "true/false"
+            ok, want = isinstance(v, bool) or (interpolated and str(v).lower() in ("true", "false")), "true/false"
         else:  # int and float defaults take either (entropy_coeff: 0 -> 0.001)
-            ok, want = isinstance(v, (int, float)) and not isinstance(v, bool), "a number"
+            ok, want = (isinstance(v, (int, float)) and not isinstance(v, bool)) or (
+                interpolated and _is_number(v)), "a number"
         if not ok:
             bad.append(f"{key}={v!r} (expects {want})")
     if bad:
@@ -163,18 +171,40 @@ def _value_types(cfg: VerlConfig) -> Result:
     return Result("config", "config.types", PASS, "booleans and numbers have the types verl expects")
 
 
+def _is_number(v: Any) -> bool:
+    try:
+        float(str(v))
+    except ValueError:
+        return False
+    return True
+
+
 def _unknown_keys(cfg: VerlConfig) -> Result:
-    if not cfg.unknown:
-        return Result("config", "config.keys", PASS, f"{len(cfg.explicit)} keys set, all known to verl's config")
-    parts = []
-    for u in cfg.unknown:
-        hint = f" (did you mean {u.suggestion}?)" if u.suggestion else ""
-        parts.append(f"{u.key}{hint}")
-    return Result("config", "config.keys", WARN,
-                  f"{len(cfg.unknown)} key(s) not in verl's config: " + "; ".join(parts),
-                  "fix the spelling; verl refuses an unknown override, and ignores an unknown key in a config "
-                  "file. Write +key=value only for a key your verl version adds",
-                  {"unknown": [asdict(u) for u in cfg.unknown]})
+    """An override of a key verl's config lacks is refused by verl (Hydra's struct mode): FAIL. A key
+    only in the config file is added by Hydra and never read by verl: a likely typo, WARN."""
+    from_overrides = [u for u in cfg.unknown if u.source == "override"]
+    parts = [f"{u.key}" + (f" (did you mean {u.suggestion}?)" if u.suggestion else "") for u in cfg.unknown]
+    details = {"unknown": [asdict(u) for u in cfg.unknown], "refused": cfg.refused, "base": cfg.origin}
+    if from_overrides or cfg.refused:
+        why = []
+        if from_overrides:
+            why.append(f"{len(from_overrides)} override(s) of keys not in the trainer config of {cfg.origin}, "
+                       "which verl refuses (\"Could not override ... Key ... is not in struct\"): "
+                       + "; ".join(p for u, p in zip(cfg.unknown, parts) if u.source == "override"))
+        why += cfg.refused
+        others = [p for u, p in zip(cfg.unknown, parts) if u.source != "override"]
+        if others:
+            why.append(f"not read by verl (config file): {'; '.join(others)}")
+        return Result("config", "config.keys", FAIL, "; ".join(why),
+                      "fix the spelling; write +key=value only to add a key verl's config does not have "
+                      "(engine kwargs, override_config); pass --verl VERSION to judge another release", details)
+    if cfg.unknown:
+        return Result("config", "config.keys", WARN,
+                      f"{len(cfg.unknown)} key(s) in the config file are not in the trainer config of {cfg.origin} "
+                      "(Hydra adds them; verl never reads them): " + "; ".join(parts),
+                      "fix the spelling, or drop the key", details)
+    return Result("config", "config.keys", PASS,
+                  f"{len(cfg.explicit)} keys set, all in the trainer config of {cfg.origin}", details=details)
 
 
 # --------------------------------------------------------------------------- GRPO
@@ -376,6 +406,9 @@ def check_parquet(path: str, key: str, prompt_key: str, reward_key: str, cfg: Ve
     if p.is_dir():
         return Result("data", name, FAIL, f"{p} is a directory; verl expects parquet files",
                       f"list the files: {key}=[{p}/a.parquet,{p}/b.parquet]")
+    if not p.is_file():  # a FIFO would block the reader forever, a device would stream without end
+        return Result("data", name, FAIL, f"{p} is not a regular file; verl expects parquet files",
+                      f"point {key} at a parquet file")
     if not os.access(p, os.R_OK):
         return Result("data", name, FAIL, f"{p} is not readable by this user (uid {os.getuid()})",
                       f"chmod a+r {p}")
@@ -775,7 +808,6 @@ def check_table(opt: Options, engine: str, versions: dict) -> Result:
     except ImportError as e:
         return Result("env", "env.table", WARN, f"table verification not available ({e})",
                       "update envbuild (envbuild.verify.load_table)")
-    from .errors import EnvbuildError
     try:
         table = load_table(opt.table, pubkey=opt.pubkey, insecure=opt.insecure)
     except EnvbuildError as e:
@@ -844,6 +876,9 @@ def add_arguments(p) -> None:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                    help="verl trainer overrides, after `--` (key=value, +key=value, ~key)")
     p.add_argument("--config", help="a verl YAML config; overrides apply on top of it")
+    p.add_argument("--verl", metavar="VERSION",
+                   help="judge against this verl release's trainer config (default: the installed verl, "
+                        "else the newest recorded release)")
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     p.add_argument("--skip", action="append", default=[], choices=GROUPS, help="skip a group of checks (repeatable)")
     p.add_argument("--table", help="signed compatibility table (dir, compat.json, .dsse or URL)")
@@ -855,7 +890,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    cfg = build_config(args.config, args.overrides)
+    cfg = build_config(args.config, args.overrides, verl=args.verl)
     opt = Options(table=args.table, pubkey=args.pubkey, insecure=args.insecure,
                   probe_timeout=args.probe_timeout, ray_timeout=args.ray_timeout)
     results = diagnose(cfg, opt, set(args.skip))

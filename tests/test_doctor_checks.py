@@ -140,9 +140,9 @@ def test_param_offload_without_optimizer_offload_warns_with_safer_alternatives()
     assert fsdp("actor_rollout_ref.actor.strategy=megatron")["fsdp.offload"].status == SKIP
 
 
-def test_unknown_keys_warn_in_one_line():
+def test_unknown_override_key_fails_in_one_line():
     r = check_config(build_config(None, ["trainer.n_gpu_per_node=8"]), Options())[0]
-    assert r.status == WARN and "did you mean trainer.n_gpus_per_node?" in r.reason and "\n" not in r.reason
+    assert r.status == FAIL and "did you mean trainer.n_gpus_per_node?" in r.reason and "\n" not in r.reason
     assert check_config(build_config(None, ["trainer.n_gpus_per_node=8"]), Options())[0].status == PASS
 
 

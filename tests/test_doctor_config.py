@@ -1,111 +1,180 @@
-"""verl config handling for `envbuild doctor`: Hydra-style values, merging, unknown keys, interpolation."""
+"""verl config handling for `envbuild doctor`: verl's own composed config, Hydra overrides, OmegaConf
+YAML and interpolation, unknown keys refused as verl refuses them."""
 
 import json
 import math
 
 import pytest
 
+from envbuild.doctor import FAIL, PASS, WARN, Options, check_config
 from envbuild.errors import InputError
-from envbuild.verl_config import KNOWN, apply_override, build_config, is_known, parse_value, suggest
+from envbuild.matrix import load_matrix
+from envbuild.paths import default_matrix
+from envbuild import verl_config
+from envbuild.verl_config import base_config, build_config, compose_trainer_config, recorded_releases
+
+NEW = "0.9.1"
+
+
+def cfg_of(*overrides, config=None, verl=NEW):
+    return build_config(config, list(overrides), verl=verl)
 
 
 @pytest.mark.parametrize("text,want", [
-    ("4", 4), ("-3", -3), ("1_000", 1000), ("0.5", 0.5), ("1e-6", 1e-6), ("-2.5E3", -2500.0), (".5", 0.5),
-    ("true", True), ("False", False), ("TRUE", True), ("null", None), ("NULL", None),
-    ("None", "None"),  # Hydra has one null spelling; None is a string there too
-    ("grpo", "grpo"), ("low_var_kl", "low_var_kl"), ("~/data/x.parquet", "~/data/x.parquet"),
-    ("'a,b'", "a,b"), ('"1"', "1"), ("", ""),
+    ("4", 4), ("-3", -3), ("0.5", 0.5), ("1e-6", 1e-6), ("-2.5E3", -2500.0),
+    ("true", True), ("False", False), ("null", None),
+    ("None", "None"),  # Hydra has one null spelling; None is a string there
+    ("grpo", "grpo"), ("'~/data/x.parquet'", "~/data/x.parquet"), ("'a,b'", "a,b"), ('"1"', "1"), ("", ""),
     ("[]", []), ("[a,b]", ["a", "b"]), ("[1, 2.5, null, true]", [1, 2.5, None, True]),
-    ("[[1,2],[3]]", [[1, 2], [3]]), ("{a:1,b:[x,y]}", {"a": 1, "b": ["x", "y"]}), ("{}", {}),
-    ("/data/train.parquet", "/data/train.parquet"), ("hdfs://x/y", "hdfs://x/y"),
+    ("{a:1,b:[x,y]}", {"a": 1, "b": ["x", "y"]}), ("/data/train.parquet", "/data/train.parquet"),
 ])
-def test_parse_value_like_hydra(text, want):
-    got = parse_value(text)
+def test_override_values_follow_hydras_grammar(text, want):
+    got = cfg_of(f"+extra.v={text}").get("extra.v")
     assert got == want and type(got) is type(want)
 
 
-def test_parse_value_inf_nan():
-    assert parse_value("inf") == math.inf and math.isnan(parse_value("nan"))
+def test_override_inf():
+    assert cfg_of("+extra.v=inf").get("extra.v") == math.inf
 
 
 @pytest.mark.parametrize("bad,why", [
-    ("1,2", "sweep"), ("[a,b", "unterminated list"), ("{a:1", "unterminated dict"), ("'abc", "unterminated quote"),
-    ("{a}", "without ':'"),
+    ("trainer.nnodes=1,2", "sweep"), ("trainer.logger=[a,b", "no viable alternative"),
+    ("trainer.nnodes", "missing EQUAL"),
+    ("data.train_files=~/x.parquet", "'~' at position 18 is not allowed unquoted"),  # Hydra refuses it too
+    ("trainer.logger=" + "[" * 3000 + "]" * 3000, "nested 3000 deep"),
 ])
-def test_parse_value_rejects_with_one_line(bad, why):
+def test_bad_override_is_one_input_error(bad, why):
     with pytest.raises(InputError) as e:
-        parse_value(bad)
-    assert why in str(e.value) and "\n" not in str(e.value)
+        cfg_of(bad)
+    assert why in str(e.value) and "\n" not in str(e.value) and str(e.value).startswith("command line:")
 
 
-def test_overrides_merge_over_file_and_defaults(tmp_path):
+def test_yaml_file_reads_numbers_as_omegaconf_does_and_overrides_win(tmp_path):
     f = tmp_path / "run.yaml"
-    f.write_text("defaults:\n  - ppo_trainer\n"
+    f.write_text("defaults:\n  - ppo_trainer\n  - _self_\n"
                  "algorithm:\n  adv_estimator: grpo\n"
-                 "actor_rollout_ref:\n  rollout:\n    n: 2\n    engine_kwargs:\n      vllm: {swap_space: 4}\n"
+                 "actor_rollout_ref:\n  actor:\n    optim:\n      lr: 1e-6\n"
+                 "  rollout:\n    n: 2\n"
                  "trainer:\n  project_name: proj\n  experiment_name: e1\n  n_gpus_per_node: 4\n"
                  "data:\n  train_batch_szie: 8\n")
-    cfg = build_config(str(f), ["actor_rollout_ref.rollout.n=5", "trainer.experiment_name=e2",
-                                "+ray_kwargs.ray_init.address=127.0.0.1:6379", "~data.val_files"])
-    assert cfg.get("algorithm.adv_estimator") == "grpo"  # from the file
+    cfg = cfg_of("actor_rollout_ref.rollout.n=5", "trainer.experiment_name=e2",
+                 "+ray_kwargs.ray_init.address=127.0.0.1:6379", "~data.val_files",
+                 "+actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=4", config=str(f))
+    assert cfg.get("actor_rollout_ref.actor.optim.lr") == 1e-6  # YAML 1.2: a float, not the string '1e-6'
+    assert cfg.get("algorithm.adv_estimator") == "grpo"
     assert cfg.get("actor_rollout_ref.rollout.n") == 5  # the override wins over the file
-    assert cfg.get("actor_rollout_ref.actor.rollout_n") == 5  # ${oc.select:actor_rollout_ref.rollout.n,1}
-    assert cfg.get("actor_rollout_ref.rollout.n_gpus_per_node") == 4  # ${oc.select:trainer.n_gpus_per_node,8}
+    assert cfg.get("actor_rollout_ref.actor.rollout_n") == 5  # verl's own ${oc.select:...rollout.n,1}
+    assert cfg.get("actor_rollout_ref.rollout.n_gpus_per_node") == 4
     assert cfg.get("trainer.default_local_dir") == "checkpoints/proj/e2"  # embedded interpolations
-    assert cfg.get("data.max_prompt_length") == 512  # untouched default
     assert cfg.get("data.val_files") is None and "data.val_files" in cfg.deleted
     assert cfg.get("ray_kwargs.ray_init.address") == "127.0.0.1:6379"
-    assert cfg.get("actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space") == 4  # open subtree kept whole
+    assert cfg.get("actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space") == 4
     assert cfg.is_explicit("actor_rollout_ref.rollout.n") and not cfg.is_explicit("algorithm.norm_adv_by_std_in_grpo")
+    # a key only in the file: Hydra adds it, verl never reads it -> reported, not refused
     assert [(u.key, u.source, u.suggestion) for u in cfg.unknown] == [
         ("data.train_batch_szie", str(f), "data.train_batch_size")]
+    keys = check_config(cfg, Options())[0]
+    assert keys.status == WARN and "data.train_batch_szie (did you mean data.train_batch_size?)" in keys.reason
+    types = check_config(cfg, Options())[1]
+    assert types.status == PASS, types.reason
 
 
-def test_unknown_override_keys_are_reported_with_a_suggestion():
-    cfg = build_config(None, ["actor_rollout_ref.rollout.nn=3", "actor_rollout_ref.actor.use_kl_in_reward=True",
-                              "totally.made_up=1", "+my.new_key=1",
-                              "actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend=fa3",
-                              "actor_rollout_ref.model.override_config.attention_dropout=0.0",
-                              "actor_rollout_ref.actor.fsdp_config._target_=x"])
+def test_unknown_override_keys_fail_as_verl_refuses_them():
+    cfg = cfg_of("actor_rollout_ref.rollout.nn=3", "actor_rollout_ref.actor.use_kl_in_reward=True",
+                 "totally.made_up=1", "+my.new_key=1",
+                 "actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend=fa3")
     got = {u.key: u.suggestion for u in cfg.unknown}
     assert got == {"actor_rollout_ref.rollout.nn": "actor_rollout_ref.rollout.n",
                    "actor_rollout_ref.actor.use_kl_in_reward": "algorithm.use_kl_in_reward",
-                   "totally.made_up": None}
+                   "totally.made_up": None,
+                   # verl's engine_kwargs.sglang is an empty dict: a new key there needs '+', as in verl's docs
+                   "actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend":
+                       "actor_rollout_ref.rollout.engine_kwargs.sglang"}
     assert cfg.get("my.new_key") == 1  # `+key` adds a key deliberately: not reported
+    r = check_config(cfg, Options())[0]
+    assert r.status == FAIL and "verl refuses" in r.reason and "\n" not in r.reason
 
 
-def test_known_table_covers_the_keys_the_checks_read():
-    for key in ("algorithm.adv_estimator", "actor_rollout_ref.rollout.n", "actor_rollout_ref.actor.use_kl_loss",
-                "actor_rollout_ref.actor.kl_loss_coef", "actor_rollout_ref.actor.kl_loss_type",
-                "algorithm.norm_adv_by_std_in_grpo", "algorithm.use_kl_in_reward", "data.train_files",
-                "data.prompt_key", "trainer.default_local_dir", "trainer.nnodes", "trainer.n_gpus_per_node",
-                "actor_rollout_ref.actor.fsdp_config.param_offload", "actor_rollout_ref.ref.fsdp_config.param_offload",
-                "ray_init.num_cpus", "ray_kwargs.ray_init.num_cpus"):
-        assert key in KNOWN, key
-    assert KNOWN["actor_rollout_ref.rollout.n"] == 1 and KNOWN["algorithm.adv_estimator"] == "gae"
-    assert is_known("data.custom_cls")  # a whole known subtree
-    assert suggest("trainer.n_gpu_per_node") == "trainer.n_gpus_per_node"
+def test_add_of_an_existing_key_and_delete_of_a_missing_one_are_refused():
+    cfg = cfg_of("+trainer.nnodes=2", "~trainer.no_such_key")
+    assert [x.split(":")[0] for x in cfg.refused] == ["+trainer.nnodes", "~trainer.no_such_key"]
+    assert check_config(cfg, Options())[0].status == FAIL
+    assert cfg_of("++trainer.nnodes=2").get("trainer.nnodes") == 2  # force-add sets it
 
 
-def test_bad_override_syntax_names_the_argument():
-    cfg = build_config(None, [])
-    with pytest.raises(InputError, match="command line: override=.trainer.nnodes.: expected key=value"):
-        apply_override(cfg, "trainer.nnodes")
-    with pytest.raises(InputError, match="not a dotted config key"):
-        apply_override(cfg, "a..b=1")
+def test_keys_follow_the_verl_release():
+    assert check_config(cfg_of("ray_init.num_cpus=4", verl="0.4.1"), Options())[0].status == PASS
+    r = check_config(cfg_of("ray_init.num_cpus=4", verl=NEW), Options())[0]
+    assert r.status == FAIL and "ray_init.num_cpus" in r.reason and f"verl {NEW}" in r.reason
+    assert check_config(cfg_of("ray_kwargs.ray_init.num_cpus=4"), Options())[0].status == PASS
+    with pytest.raises(InputError, match="no recorded trainer config for this release; recorded: 0.4.1"):
+        cfg_of(verl="0.3.0")
+
+
+def test_oc_env_resolves_with_default_and_fails_without(monkeypatch):
+    monkeypatch.delenv("GPU_UTIL", raising=False)
+    cfg = cfg_of("actor_rollout_ref.rollout.gpu_memory_utilization=${oc.env:GPU_UTIL,0.5}")
+    assert float(cfg.get("actor_rollout_ref.rollout.gpu_memory_utilization")) == 0.5
+    assert check_config(cfg, Options())[1].status == PASS  # not "expects a number"
+    monkeypatch.setenv("GPU_UTIL", "0.7")
+    assert float(cfg_of("actor_rollout_ref.rollout.gpu_memory_utilization=${oc.env:GPU_UTIL,0.5}")
+                 .get("actor_rollout_ref.rollout.gpu_memory_utilization")) == 0.7
+    monkeypatch.delenv("HOME")
+    with pytest.raises(InputError) as e:
+        cfg_of("trainer.default_local_dir=${oc.env:HOME}/x")
+    assert "trainer.default_local_dir" in str(e.value) and "HOME" in str(e.value) and "None/x" not in str(e.value)
+
+
+def test_interpolation_cycles_and_explosions_are_refused_quickly():
+    with pytest.raises(InputError, match="interpolation cycle"):
+        cfg_of("+a.x=${a.y}", "+a.y=${a.x}")
+    with pytest.raises(InputError, match="deeper than"):
+        cfg_of(*[f"+c.k{i}=${{c.k{i + 1}}}" for i in range(40)], "+c.k40=end")
+
+
+def test_every_matrix_release_has_a_recorded_config_composed_by_hydra():
+    recorded = recorded_releases()
+    assert set(load_matrix(default_matrix()).verl) <= set(recorded)
+    for v in recorded:
+        rec = json.loads((verl_config.recorded_dir() / f"{v}.json").read_text())
+        assert rec["verl"] == v and rec["source"]["wheel"].startswith(f"verl-{v}-") and len(rec["source"]["sha256"]) == 64
+        c = rec["config"]
+        assert c["actor_rollout_ref"]["rollout"]["n"] == 1 and c["algorithm"]["adv_estimator"] == "gae"
+        assert isinstance(c["actor_rollout_ref"]["actor"]["optim"]["lr"], float)
+
+
+def test_installed_verl_is_composed_with_hydra(tmp_path, monkeypatch):
+    """A verl installed here wins over the recorded copies; its config is composed with its defaults list."""
+    d = tmp_path / "verl" / "trainer" / "config"
+    (d / "actor").mkdir(parents=True)
+    (d / "actor" / "dp_actor.yaml").write_text("strategy: fsdp\nppo_epochs: 1\n")
+    (d / "ppo_trainer.yaml").write_text("defaults:\n  - actor@actor_rollout_ref.actor: dp_actor\n  - _self_\n"
+                                        "actor_rollout_ref:\n  rollout:\n    n: 1\n    name: vllm\n"
+                                        "trainer:\n  nnodes: 1\n")
+    monkeypatch.setattr(verl_config, "installed_config_dir", lambda: ("9.9.9", d))
+    base, origin = base_config()
+    assert origin == "verl 9.9.9, installed"
+    assert base == compose_trainer_config(d)
+    assert base["actor_rollout_ref"]["actor"] == {"strategy": "fsdp", "ppo_epochs": 1}
+    cfg = build_config(None, ["actor_rollout_ref.actor.ppo_epochs=2"])
+    assert cfg.get("actor_rollout_ref.actor.ppo_epochs") == 2 and not cfg.unknown
+    assert build_config(None, [], verl=NEW).origin == f"verl {NEW}, recorded from its wheel"
 
 
 def test_bad_yaml_file_names_file_and_line(tmp_path):
     f = tmp_path / "bad.yaml"
     f.write_text("trainer:\n  nnodes: 1\n   n_gpus_per_node: [\n")
     with pytest.raises(InputError) as e:
-        build_config(str(f), [])
-    assert str(f) in str(e.value) and ":" in str(e.value)
+        cfg_of(config=str(f))
+    assert str(e.value).startswith(f"{f}:")
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
     with pytest.raises(InputError, match="a verl config is a mapping"):
-        (tmp_path / "list.yaml").write_text("- a\n- b\n")
-        build_config(str(tmp_path / "list.yaml"), [])
+        cfg_of(config=str(tmp_path / "list.yaml"))
+    (tmp_path / "dup.yaml").write_text("trainer:\n  nnodes: 1\n  nnodes: 2\n")
+    with pytest.raises(InputError, match="dup.yaml"):
+        cfg_of(config=str(tmp_path / "dup.yaml"))
     with pytest.raises(InputError, match="No such file"):
-        build_config(str(tmp_path / "missing.yaml"), [])
+        cfg_of(config=str(tmp_path / "missing.yaml"))
 
 
 def test_cli_config_file_and_bad_input(tmp_path, run_cli):
@@ -117,6 +186,8 @@ def test_cli_config_file_and_bad_input(tmp_path, run_cli):
     keys = [c for c in json.loads(p.stdout)["checks"] if c["name"] == "config.keys"][0]
     assert keys["status"] == "warn" and keys["details"]["unknown"] == [
         {"key": "actor_rollout_ref.rollout.nn", "source": str(f), "suggestion": "actor_rollout_ref.rollout.n"}]
+    p = run_cli("doctor", *only_config, "--", "actor_rollout_ref.rollout.nn=5")
+    assert p.returncode == 1 and "FAIL  config.keys" in p.stdout and "did you mean actor_rollout_ref.rollout.n?" in p.stdout
     p = run_cli("doctor", "--", "data.train_batch_size=1,2")
     assert p.returncode == 2 and p.stdout == ""
     assert p.stderr.strip() == ("envbuild doctor: command line: data.train_batch_size='1,2': comma-separated values "
