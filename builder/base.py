@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import EnvbuildError, InfraError, InputError
+from .docker import split_ref
+from .matrix import IMAGE_RE
 
 # Bump when the recipe below changes in a way that changes the image.
 RECIPE = 1
@@ -32,13 +34,44 @@ UBUNTU_SUITES = {"focal", "jammy", "noble", "oracular", "plucky"}
 BASE_KINDS = ("nvidia", "bootstrap")  # anything else names an image
 
 
-@dataclass
-class BaseRef:
+@dataclass(frozen=True)
+class Base:
+    """The image a build starts FROM: the one type every command uses."""
     kind: str  # "nvidia" | "bootstrap" | "image"
     ref: str
+    digest: str | None = None  # sha256:... of the ref in its registry, when it was pulled from one
+
+    @property
+    def pinned(self) -> str:
+        """The FROM reference: by digest when known, so a moved tag cannot change the build."""
+        if self.digest and "@" not in self.ref:
+            return f"{self.ref}@{self.digest}"
+        return self.ref
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "ref": self.ref}
+        d = {"kind": self.kind, "ref": self.ref}
+        if self.digest:
+            d["digest"] = self.digest
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Base":
+        return cls(d["kind"], d["ref"], d.get("digest"))
+
+
+BaseRef = Base  # the older name, still imported by build.py and its tests
+
+
+def registry_digest_of(engine, ref: str) -> str | None:
+    """The digest a pulled image had in its registry (RepoDigests), None for a local-only one."""
+    if engine is None:
+        return None
+    repo = split_ref(ref)[0]
+    for rd in engine.repo_digests(ref):
+        name, _, dig = rd.partition("@")
+        if name == repo and dig.startswith("sha256:"):
+            return dig
+    return None
 
 
 def host_mirror(suite: str, etc: Path = Path("/etc/apt")) -> str | None:
@@ -94,7 +127,7 @@ def _sudo() -> list[str]:
 
 
 def bootstrap(engine, suite: str = DEFAULT_SUITE, tag: str | None = None, mirror: str | None = None,
-              log=print) -> BaseRef:
+              log=print) -> Base:
     """Build (or reuse) the bootstrap base; returns its reference."""
     if not re.fullmatch(r"[a-z][a-z0-9-]*", suite):
         raise InputError("--suite", None, "suite", suite, "not a distribution suite name")
@@ -106,7 +139,7 @@ def bootstrap(engine, suite: str = DEFAULT_SUITE, tag: str | None = None, mirror
     ref = tag or default_tag(suite, inp)
     if engine.image_exists(ref):
         log(f"base {ref}: present, reused")
-        return BaseRef("bootstrap", ref)
+        return Base("bootstrap", ref)
     if not shutil.which("debootstrap"):
         raise InfraError("no-debootstrap", "debootstrap not installed (ci/services.sh installs it)")
     sudo = _sudo()
@@ -133,7 +166,7 @@ def bootstrap(engine, suite: str = DEFAULT_SUITE, tag: str | None = None, mirror
             engine.remove(ref)
             raise InfraError("base-import", "tar of the bootstrapped tree failed")
         log(f"base {ref}: built")
-        return BaseRef("bootstrap", ref)
+        return Base("bootstrap", ref)
     finally:
         subprocess.run([*sudo, "rm", "-rf", str(work)], check=False)
 
@@ -151,18 +184,25 @@ def _trim(root: Path, sudo: list[str]) -> None:
     subprocess.run([*sudo, "sh", "-c", f'rm -rf "{root}/usr/local/share/ca-certificates"/*'], check=False)
 
 
-def resolve_base(engine, spec: str, combo=None, suite: str = DEFAULT_SUITE, log=print) -> BaseRef:
-    """--base nvidia|bootstrap|IMAGE -> the reference a build starts FROM."""
+def resolve_base(engine, spec: str, combo=None, suite: str = DEFAULT_SUITE, log=print,
+                 bootstrap_ref: str | None = None) -> Base:
+    """--base nvidia|bootstrap|IMAGE -> the base a build starts FROM; the one resolver.
+
+    With an engine, bootstrap makes (or reuses) the base and a pulled image is pinned by its
+    registry digest; without one (render, ci bake) nothing runs: bootstrap names the tag
+    `envbuild base bootstrap` makes here, images stay unpinned."""
     if spec == "bootstrap":
-        return bootstrap(engine, suite=suite, log=log)
+        if engine is None:
+            return Base("bootstrap", bootstrap_ref or default_bootstrap_ref(suite))
+        return bootstrap(engine, suite=suite, tag=bootstrap_ref, log=log)
     if spec == "nvidia":
         ref = getattr(combo, "base_image", None) if combo is not None else None
         if not ref:
             raise InputError("--base", None, "base", spec, "combination has no base_image in the matrix")
-        return BaseRef("nvidia", ref)
-    if not spec or spec.startswith("-"):
+        return Base("nvidia", ref, registry_digest_of(engine, ref))
+    if not spec or not IMAGE_RE.match(spec):
         raise InputError("--base", None, "base", spec, "expected nvidia, bootstrap or an image reference")
-    return BaseRef("image", spec)
+    return Base("image", spec, registry_digest_of(engine, spec))
 
 
 # --- CLI: envbuild base bootstrap -------------------------------------------------------------

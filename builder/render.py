@@ -10,32 +10,31 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import jinja2
+
+from . import image
+from .base import Base, resolve_base
 from .errors import EnvbuildError
 from .fsutil import write_atomic
+from .layers import STAGES, ImageModel, expected_text, model_for
 from .lock import LockResult
 from .matrix import Combo
 from .paths import templates_dir
 
-LABEL_PREFIX = "io.envbuild."
+__all__ = ["Base", "Rendered", "render_combo", "render_dockerfile", "render_stages", "context_hash", "base_for"]
+
 PROBE_DIR = "envbuild_probe"  # the probe's package name inside images
 SECRETS = ("ca-bundle", "index-url", "torch-index-url")
-LAYER_TITLES = {
-    "engine": "The rollout engine: shared by every combination with this torch and engine.",
-    "verl": "verl itself: the most volatile layer.",
-}
-
-
-@dataclass(frozen=True)
-class Base:
-    kind: str  # nvidia | bootstrap | image
-    ref: str
-
-    def to_dict(self) -> dict:
-        return {"kind": self.kind, "ref": self.ref}
+# One time for every file envbuild writes into a context or an install step writes into a
+# layer (2000-01-01, later than zip's 1980 floor): equal content gives equal layer bytes.
+EPOCH = 946684800
+NORMALIZE = (f"find /opt /root /run/secrets /tmp -xdev -newermt @{EPOCH} -exec touch -h -d @{EPOCH} {{}} + "
+             "2>/dev/null || true")
 
 
 @dataclass
@@ -46,30 +45,29 @@ class Rendered:
     content_hash: str
     secrets: tuple[str, ...] = SECRETS
     base: Base | None = None
-
-
-def labels(combo: Combo, lock: LockResult, base: Base) -> list[tuple[str, str]]:
-    vals = {"verl": combo.verl, "engine": combo.engine, "engine-version": combo.engine_version,
-            "torch": combo.torch, "cuda": combo.cuda, "python": combo.python, "combo": combo.id,
-            "lock-hash": lock.lock_hash or "", "era": lock.era, "base-kind": base.kind,
-            "torch-index": lock.torch_index}
-    return [(LABEL_PREFIX + k, v) for k, v in vals.items()]
+    model: ImageModel | None = None
 
 
 def _probe_src() -> Path:
     return Path(__file__).resolve().parent / "probe"
 
 
-def render_dockerfile(combo: Combo, lock: LockResult, base: Base) -> str:
-    import jinja2
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())), autoescape=False,
+                              keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
 
-    if not lock.ok:
-        raise EnvbuildError(f"{combo.id}: cannot render without a lock ({lock.status})")
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())), autoescape=False,
-                             keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
-    layers = [{"name": l.name, "title": LAYER_TITLES.get(l.name, l.name)} for l in lock.layers]
-    return env.get_template("Dockerfile.j2").render(combo=combo, lock=lock, base=base, layers=layers,
-                                                     labels=labels(combo, lock, base))
+
+def render_stages(model: ImageModel, stages=STAGES, from_ref: str | None = None, header: bool = True) -> str:
+    """The template over some of the model's stages: all of them FROM the base is the image's
+    Dockerfile; one of them FROM its parent stage is a bake target."""
+    lab = image.render_labels(model.combo, model.base, model.era, model.lock_hash, model.torch_index)
+    return _env().get_template("Dockerfile.j2").render(
+        combo=model.combo, model=model, stages=tuple(stages), from_ref=from_ref or model.base.pinned,
+        header=header, labels=lab, normalize=NORMALIZE).lstrip("\n")
+
+
+def render_dockerfile(combo: Combo, lock: LockResult, base: Base) -> str:
+    return render_stages(model_for(combo, lock, base))
 
 
 def context_hash(root: Path) -> str:
@@ -80,42 +78,42 @@ def context_hash(root: Path) -> str:
     return h.hexdigest()
 
 
-def render_combo(combo: Combo, lock: LockResult, base: Base, out_dir: str | Path) -> Rendered:
-    d = Path(out_dir) / combo.id
-    text = render_dockerfile(combo, lock, base)
-    files: dict[str, bytes] = {"Dockerfile": text.encode(),
+def context_files(model: ImageModel, dockerfile: str) -> dict[str, bytes]:
+    """Every file of the build context, by its path in the context."""
+    files: dict[str, bytes] = {"Dockerfile": dockerfile.encode(),
                                "envbuild/secrets-env.sh": (templates_dir() / "secrets-env.sh").read_bytes(),
-                               "locks/tools.txt": lock.tools.encode()}
-    for l in lock.layers:
-        files[f"locks/{l.name}.txt"] = Path(l.path).read_bytes() if Path(l.path).is_file() else l.path.encode()
+                               "envbuild/check-env.py": (templates_dir() / "check-env.py").read_bytes(),
+                               "locks/tools.txt": model.tools.encode(),
+                               "locks/expected.txt": expected_text(model).encode()}
+    for layer in model.layers:
+        files[layer.lock_file] = layer.text.encode()
     for p in sorted(_probe_src().rglob("*.py")):
         if "__pycache__" not in p.parts:
             files[f"{PROBE_DIR}/{p.relative_to(_probe_src())}"] = p.read_bytes()
+    return files
+
+
+def render_combo(combo: Combo, lock: LockResult, base: Base, out_dir: str | Path) -> Rendered:
+    d = Path(out_dir) / combo.id
+    model = model_for(combo, lock, base)
+    files = context_files(model, render_stages(model))
     # Replace the whole context so no stale file from an earlier render changes the hash.
     if d.exists():
         shutil.rmtree(d)
     for rel, data in files.items():
         write_atomic(d / rel, data)
+    for p in [*d.rglob("*"), d]:  # COPY keeps file times: one time for all, so layers repeat
+        os.utime(p, (EPOCH, EPOCH), follow_symlinks=False)
     h = context_hash(d)
     write_atomic(d.parent / f"{combo.id}.json", json.dumps(
-        {"combo": combo.to_dict(), "content_hash": h, "base": base.to_dict(), "lock_hash": lock.lock_hash},
-        indent=2, sort_keys=True) + "\n")
-    return Rendered(combo, d, d / "Dockerfile", h, SECRETS, base)
+        {"combo": combo.to_dict(), "content_hash": h, "base": base.to_dict(), "lock_hash": lock.lock_hash,
+         "model": model.to_dict()}, indent=2, sort_keys=True) + "\n")
+    return Rendered(combo, d, d / "Dockerfile", h, SECRETS, base, model)
 
 
 def base_for(combo: Combo, choice: str, bootstrap_ref: str | None = None) -> Base:
-    """--base nvidia | bootstrap | IMAGE -> the base image of a combination."""
-    if choice == "nvidia":
-        return Base("nvidia", combo.base_image)
-    if choice == "bootstrap":
-        if not bootstrap_ref:
-            raise EnvbuildError("--base bootstrap needs a bootstrapped base: run `envbuild base bootstrap`")
-        return Base("bootstrap", bootstrap_ref)
-    from .matrix import IMAGE_RE
-
-    if not IMAGE_RE.match(choice):
-        raise EnvbuildError(f"--base={choice!r}: not nvidia, bootstrap or an image reference")
-    return Base("image", choice)
+    """--base nvidia | bootstrap | IMAGE -> the base, without a container engine (envbuild.base)."""
+    return resolve_base(None, choice, combo, bootstrap_ref=bootstrap_ref)
 
 
 def add_arguments(p) -> None:
@@ -144,14 +142,6 @@ def run(args) -> int:
             print(f"{c.id}: not rendered: {lock.status}: {' '.join(lock.detail.split())[:400]}")
             rc = max(rc, 3 if lock.status in ("index-unreachable", "lock-error") else 1)
             continue
-        ref = args.base_ref
-        if args.base == "bootstrap" and not ref:
-            try:
-                from .base import default_bootstrap_ref
-
-                ref = default_bootstrap_ref()
-            except ImportError:
-                ref = None
-        r = render_combo(c, lock, base_for(c, args.base, ref), args.out)
+        r = render_combo(c, lock, base_for(c, args.base, args.base_ref), args.out)
         print(f"{c.id}: {r.dockerfile} (content {r.content_hash[:12]})")
     return rc

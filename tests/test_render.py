@@ -1,24 +1,53 @@
-"""Rendered Dockerfiles: golden output, determinism, layer order and sharing, no secrets."""
+"""Rendered Dockerfiles: golden output, determinism, the layer model (CUDA libraries in their
+own layers, shared across torch releases; the layers install exactly the lock), labels, no
+secrets."""
 
+import json
 import os
+import re
+import subprocess
+import sys
+from importlib import metadata
 from pathlib import Path
 
+import pytest
+
+from envbuild.bake import split_layers
+from envbuild.errors import EnvbuildError
+from envbuild.layers import ImageModel, model_for
 from envbuild.lock import LayerLock, LockResult
 from envbuild.matrix import Combo
-from envbuild.render import Base, render_combo, render_dockerfile
+from envbuild.paths import templates_dir
+from envbuild.render import Base, render_combo, render_dockerfile, render_stages
 
 GOLDEN = Path(__file__).parent / "golden"
+# The CUDA wheels torch 2.5.1 and 2.6.0 pin on cu124 (the same set); 2.6.0 adds cusparselt.
+NVIDIA = {"nvidia-cublas-cu12": "12.4.5.8", "nvidia-cuda-cupti-cu12": "12.4.127", "nvidia-cuda-nvrtc-cu12": "12.4.127",
+          "nvidia-cuda-runtime-cu12": "12.4.127", "nvidia-cudnn-cu12": "9.1.0.70", "nvidia-cufft-cu12": "11.2.1.3",
+          "nvidia-curand-cu12": "10.3.5.147", "nvidia-cusolver-cu12": "11.6.1.9", "nvidia-cusparse-cu12": "12.3.1.170",
+          "nvidia-nccl-cu12": "2.21.5", "nvidia-nvjitlink-cu12": "12.4.127", "nvidia-nvtx-cu12": "12.4.127"}
 
 
-def fake_lock(combo, verl_pin="verl==0.4.1"):
-    def layer(name, body):
-        return LayerLock(name, f"# {name}\n{body} \\\n    --hash=sha256:{'0' * 64}\n", "x", {}, "2025-07-11", "k")
+def pins(d):
+    """{name: version} -> uv's hashed lock text (a fake hash derived from the pin)."""
+    out = []
+    for n, v in sorted(d.items()):
+        h = __import__("hashlib").sha256(f"{n}=={v}".encode()).hexdigest()
+        out.append(f"{n}=={v} \\\n    --hash=sha256:{h}\n    # via torch\n")
+    return "".join(out)
 
-    layers = [layer("torch", "torch==2.6.0")]
-    if combo.engine != "hf":
-        layers.append(layer("engine", f"{combo.engine}=={combo.engine_version}"))
-    layers.append(layer("verl", verl_pin))
-    return LockResult(combo, "ok", layers=layers, lock_hash="f" * 64, era="2025-07-11",
+
+def fake_lock(combo, verl_pin="0.4.1", torch="2.6.0", nvidia=None, full_extra=None):
+    tl = {"torch": torch, "sympy": "1.13.1", **(nvidia or {})}
+    el = {combo.engine: combo.engine_version, "xformers": "0.0.29.post2"} if combo.engine != "hf" else {}
+    vl = {"verl": verl_pin}
+
+    def layer(name, d):
+        return LayerLock(name, f"# {name}\n" + pins(d), "x", dict(d), "2025-07-11", "k")
+
+    layers = [layer("torch", tl)] + ([layer("engine", el)] if el else []) + [layer("verl", vl)]
+    full = pins({**tl, **el, **vl, **(full_extra or {})})
+    return LockResult(combo, "ok", layers=layers, lock_hash="f" * 64, era="2025-07-11", full_lock=full,
                       tools=f"uv==0.13.9 \\\n    --hash=sha256:{'1' * 64}\n")
 
 
@@ -37,8 +66,8 @@ def check_golden(name, text):
 
 
 def test_golden_vllm_and_hf():
-    check_golden("Dockerfile.vllm", render_dockerfile(VLLM, fake_lock(VLLM), NV))
-    check_golden("Dockerfile.hf", render_dockerfile(HF, fake_lock(HF), NV))
+    check_golden("Dockerfile.vllm", render_dockerfile(VLLM, fake_lock(VLLM, nvidia=NVIDIA), NV))
+    check_golden("Dockerfile.hf", render_dockerfile(HF, fake_lock(HF, nvidia=NVIDIA), NV))
 
 
 def test_deterministic_context_and_hash(tmp_path):
@@ -61,9 +90,13 @@ def test_layer_order_header_labels_and_no_secret_in_dockerfile():
     order = [text.index(s) for s in ("FROM ", "locks/tools.txt", "locks/torch.txt", "locks/engine.txt",
                                      "locks/verl.txt", "envbuild_probe")]
     assert order == sorted(order)
-    for label in ("org.opencontainers.image.title", 'io.envbuild.verl="0.4.1"', 'io.envbuild.engine-version="0.8.4"',
-                  'io.envbuild.torch="2.6.0"', 'io.envbuild.cuda="cu124"', f'io.envbuild.lock-hash="{"f" * 64}"'):
+    for label in ("org.opencontainers.image.title", 'org.envbuild.verl="0.4.1"', 'org.envbuild.engine-version="0.8.4"',
+                  'org.envbuild.torch="2.6.0"', 'org.envbuild.cuda="cu124"', f'org.envbuild.lock-hash="{"f" * 64}"',
+                  'org.opencontainers.image.version="verl0.4.1-vllm0.8.4-torch2.6.0-cu124-py3.11-20250711"'):
         assert label in text
+    # One envbuild namespace.
+    assert {k.rsplit(".", 1)[0] for k in re.findall(r"(org\.envbuild\.[a-z-]+|io\.envbuild\.[a-z-]+)=", text)} \
+        == {"org.envbuild"}
     assert "--mount=type=secret,id=ca-bundle" in text and "--require-hashes" in text
     for banned in ("ARG ", "ca-certificates.crt", "PIP_CERT=/", "https://"):
         assert banned not in text.replace("PIP_CERT=/run/secrets", "")
@@ -76,3 +109,93 @@ def test_combinations_sharing_torch_share_the_dockerfile_prefix():
     prefix_a = a[a.index("FROM "):a.index(cut)]
     prefix_b = b[b.index("FROM "):b.index("# verl itself")]
     assert prefix_a.strip() == prefix_b.strip()
+
+
+def _runs(text):
+    """RUN instructions of a Dockerfile with their continuation lines (test-side reading only)."""
+    return re.findall(r"^RUN .*?[^\\]$", text, re.M | re.S)
+
+
+def test_cuda_libraries_get_their_own_layers_shared_across_torch_releases(tmp_path):
+    old = fake_lock(VLLM, torch="2.5.1", nvidia=NVIDIA)
+    new = fake_lock(VLLM, torch="2.6.0", nvidia={**NVIDIA, "nvidia-cusparselt-cu12": "0.6.2"})
+    ma, mb = model_for(VLLM, old, NV), model_for(VLLM, new, NV)
+    names = [l.name for l in mb.layers]
+    assert names == ["cuda-cudnn", "cuda-cublas", "cuda-nccl", "cuda-cusparse", "cuda-cufft", "cuda-runtime",
+                     "torch-deps", "torch", "engine", "kernels", "verl"]
+    assert [l.stage for l in mb.layers] == ["torch"] * 8 + ["engine"] * 2 + ["final"]
+    assert mb.layers[names.index("kernels")].packages == {"xformers": "0.0.29.post2"}
+    assert all(n.startswith("nvidia-") for l in mb.layers if l.name.startswith("cuda-") for n in l.packages)
+    # Same wheels, same layer: same lock bytes, same RUN text; only cusparse (cusparselt added) differs.
+    a, b = {l.name: l for l in ma.layers}, {l.name: l for l in mb.layers}
+    same = [n for n in a if n.startswith("cuda-") and a[n].key == b[n].key]
+    assert same == ["cuda-cudnn", "cuda-cublas", "cuda-nccl", "cuda-cufft", "cuda-runtime"]
+    assert a["torch"].key != b["torch"].key
+    ra, rb = render_combo(VLLM, old, NV, tmp_path / "a"), render_combo(VLLM, new, NV, tmp_path / "b")
+    for n in same:
+        assert (ra.context_dir / a[n].lock_file).read_bytes() == (rb.context_dir / b[n].lock_file).read_bytes()
+        run_a = [r for r in _runs(ra.dockerfile.read_text()) if a[n].lock_file in r]
+        run_b = [r for r in _runs(rb.dockerfile.read_text()) if b[n].lock_file in r]
+        assert run_a == run_b and len(run_a) == 1
+    # The order of the Dockerfile is the model's order.
+    text = rb.dockerfile.read_text()
+    pos = [text.index(f"source={l.lock_file},") for l in mb.layers]
+    assert pos == sorted(pos)
+    # Context files carry one fixed time (COPY keeps it; equal content gives equal layers).
+    assert {p.stat().st_mtime for p in ra.context_dir.rglob("*")} == {946684800}
+
+
+def test_layers_install_exactly_the_lock():
+    m = model_for(VLLM, fake_lock(VLLM, nvidia=NVIDIA), NV)
+    folded = {}
+    for l in m.layers:
+        folded.update(l.packages)
+    assert folded == m.expected and "torch" in folded and "verl" in folded
+    # A lock whose full resolution holds a package that no layer installs is refused.
+    with pytest.raises(EnvbuildError, match="would not install the lock"):
+        model_for(VLLM, fake_lock(VLLM, nvidia=NVIDIA, full_extra={"ray": "2.40.0"}), NV)
+
+
+def test_check_env_script_accepts_the_environment_and_names_differences(tmp_path):
+    """dockerfiles/check-env.py (run at the end of every build) against this interpreter."""
+    script = templates_dir() / "check-env.py"
+    seed = {"pip", "setuptools", "wheel"}
+    have = {}
+    for d in metadata.distributions():
+        n = re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower()
+        if n not in seed:
+            have[n] = d.version
+    exp = tmp_path / "expected.txt"
+    exp.write_text("".join(f"{n}=={v}\n" for n, v in sorted(have.items())))
+    ok = subprocess.run([sys.executable, str(script), str(exp)], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    name = sorted(have)[0]
+    exp.write_text("".join(f"{n}=={'0.0.0' if n == name else v}\n" for n, v in sorted(have.items()) if n != sorted(have)[1]))
+    bad = subprocess.run([sys.executable, str(script), str(exp)], capture_output=True, text=True)
+    assert bad.returncode == 1
+    assert f"{name}: lock 0.0.0" in bad.stderr and f"{sorted(have)[1]} " in bad.stderr
+
+
+def test_base_pinned_by_digest_and_oci_labels():
+    dig = "sha256:" + "a" * 64
+    text = render_dockerfile(VLLM, fake_lock(VLLM), Base("nvidia", VLLM.base_image, dig))
+    assert f"FROM {VLLM.base_image}@{dig}\n" in text
+    assert f'org.opencontainers.image.base.digest="{dig}"' in text
+    assert f'org.opencontainers.image.base.name="{VLLM.base_image}"' in text
+    assert "org.opencontainers.image.base.digest" not in render_dockerfile(VLLM, fake_lock(VLLM), NV)
+
+
+def test_bake_stages_render_the_same_dockerfile_from_the_model(tmp_path):
+    """The bake writer's stages are the template over the model: the image's Dockerfile is
+    their concatenation (each stage FROM its parent), read from the saved model."""
+    r = render_combo(VLLM, fake_lock(VLLM, nvidia=NVIDIA), NV, tmp_path)
+    saved = json.loads((tmp_path / f"{VLLM.id}.json").read_text())["model"]
+    m = ImageModel.from_dict(saved)
+    assert m == r.model
+    stages = split_layers(m)
+    assert [s for s, _ in stages] == ["torch", "engine", "final"]
+    assert stages[1][1].startswith("FROM envbuild-torch\n") and stages[2][1].startswith("FROM envbuild-engine\n")
+    body = "".join(t.split("\n", 1)[1] for _, t in stages)
+    full = r.dockerfile.read_text()
+    assert full.endswith(body) and full[:-len(body)].rstrip().endswith(f"FROM {NV.ref}")
+    assert render_stages(m) == full

@@ -1,0 +1,113 @@
+"""The one home of an image's names: its tags, its OCI annotations and envbuild's own labels.
+
+Tags: the readable tag (`verl0.4.1-vllm0.8.4-torch2.6.0-cu124-py3.11`) and that plus the first 12
+hex digits of the rendered context's content hash (the tag a rebuild looks for).
+
+Labels come in two sets, because the Dockerfile is part of the content hash:
+  * render_labels - facts fixed by the combination, its lock and its base; written into the
+    Dockerfile (so they are part of what the content hash names);
+  * build_labels  - facts of one build (content hash, created, revision); given to the builder
+    (`--label`), so a new envbuild commit or another day does not rebuild an unchanged image.
+
+envbuild's labels live under exactly one namespace, NS (`org.envbuild.`).
+
+Version scheme (`org.opencontainers.image.version`): `<combination tag>-<lock era YYYYMMDD>`, e.g.
+`verl0.4.1-vllm0.8.4-torch2.6.0-cu124-py3.11-20250711`. The combination tag names the declared
+versions; the era is the date the lock was resolved "as of" (uv --exclude-newer), which fixes every
+transitive pin. Two images with one version hold the same packages; a later era sorts later.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+from .matrix import content_tag
+
+NS = "org.envbuild"
+OCI = "org.opencontainers.image"
+SRC = Path(__file__).resolve().parent.parent  # a source checkout when .git is there
+
+
+def sanitize_tag(tag: str) -> str:
+    """A string -> a valid tag (`[A-Za-z0-9_.-]`, at most 128 characters)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", tag)[:128]
+
+
+def image_refs(repo: str, combo_tag: str, content_hash: str) -> tuple[str, str]:
+    """(content ref, readable ref) of a combination's image in repo."""
+    return f"{repo}:{sanitize_tag(content_tag(combo_tag, content_hash))}", f"{repo}:{sanitize_tag(combo_tag)}"
+
+
+def version(combo_tag: str, era: str) -> str:
+    return sanitize_tag(f"{combo_tag}-{era.replace('-', '')}" if era else combo_tag)
+
+
+def _ns(d: dict[str, str]) -> dict[str, str]:
+    return {f"{NS}.{k}": v for k, v in d.items()}
+
+
+def render_labels(combo, base, era: str, lock_hash: str, torch_index: str) -> dict[str, str]:
+    """Labels written into the Dockerfile (ordered: OCI first, then envbuild's)."""
+    eng = f"{combo.engine} {combo.engine_version}".strip()
+    out = {f"{OCI}.title": f"envbuild {combo.id}",
+           f"{OCI}.description": f"verl {combo.verl} with {eng}, torch {combo.torch} {combo.cuda}, "
+                                 f"Python {combo.python}",
+           f"{OCI}.version": version(combo.tag, era),
+           f"{OCI}.base.name": base.ref}
+    if base.digest:
+        out[f"{OCI}.base.digest"] = base.digest
+    out.update(_ns({"verl": combo.verl, "engine": combo.engine, "engine-version": combo.engine_version,
+                    "torch": combo.torch, "cuda": combo.cuda, "python": combo.python, "combo": combo.id,
+                    "lock-hash": lock_hash or "", "era": era, "torch-index": torch_index,
+                    "base": f"{base.kind}:{base.ref}"}))
+    return out
+
+
+def build_labels(combo_id: str, content_hash: str, lock_hash: str | None, base_kind: str, base_ref: str,
+                 created: str | None = None) -> dict[str, str]:
+    """Labels given at build time (not part of the content hash). source and licenses appear
+    only where envbuild knows them (a git remote; a licence in its package metadata)."""
+    out = {f"{OCI}.created": created or now(), f"{OCI}.revision": envbuild_revision()}
+    for key, val in ((f"{OCI}.source", _git("remote", "get-url", "origin")), (f"{OCI}.licenses", _licenses())):
+        if val:
+            out[key] = val
+    out.update(_ns({"combo": combo_id, "content-hash": content_hash, "lock-hash": lock_hash or "",
+                    "base": f"{base_kind}:{base_ref}"}))
+    return out
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _git(*args: str) -> str | None:
+    if not (SRC / ".git").exists():
+        return None
+    try:
+        p = subprocess.run(["git", "-C", str(SRC), *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return p.stdout.strip() or None if p.returncode == 0 else None
+
+
+def _licenses() -> str | None:
+    try:
+        md = metadata.metadata("envbuild")
+    except metadata.PackageNotFoundError:
+        return None
+    return md.get("License-Expression") or md.get("License") or None
+
+
+def envbuild_revision() -> str:
+    """The git commit envbuild runs from (source checkout), else its package version."""
+    rev = _git("rev-parse", "HEAD")
+    if rev and re.fullmatch(r"[0-9a-f]{40}", rev):
+        return rev
+    try:
+        return f"envbuild {metadata.version('envbuild')}"
+    except metadata.PackageNotFoundError:
+        return "unknown"

@@ -1,0 +1,205 @@
+"""The layer model: the one description of an image's layers that every writer renders.
+
+Made once per combination from its lock (envbuild.lock) and rendered by the Dockerfile
+template (envbuild.render) and the bake writer (envbuild.bake); nothing reads a generated
+Dockerfile back.
+
+The lock's three layers (torch, engine, verl: each the pins that differ from the layer below)
+are cut further so that pushes and pulls run layer-parallel and a torch bump reuses what did
+not change:
+
+  cuda-*      the nvidia-* wheels of the torch lock, grouped by library (no group is much over
+              ~1 GB installed); the group's lock text names only its wheels, so two torch
+              releases pinning the same wheels get the same RUN, the same files and so the
+              same layer digest (install steps reset file times, see render.NORMALIZE)
+  torch-deps  the rest of torch's dependencies (triton, sympy, ...)
+  torch       torch itself
+  engine      the rollout engine and its dependencies
+  kernels     its compiled kernels (flash-attn, flashinfer, xformers, sgl-kernel), when present
+  verl        verl and what it adds
+
+Cutting never changes what is installed: folding the layers' pins in order gives exactly the
+combination's full lock (checked here, and again inside the image by check-env.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .base import Base
+from .errors import EnvbuildError
+from .lock import LockResult, parse_lock
+from .matrix import Combo
+
+# (group, name prefixes), first match wins; the last group takes every other nvidia-* wheel.
+CUDA_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("cudnn", ("nvidia-cudnn-",)),
+    ("cublas", ("nvidia-cublas-",)),
+    ("nccl", ("nvidia-nccl-", "nvidia-nvshmem-")),
+    ("cusparse", ("nvidia-cusparse-", "nvidia-cusparselt-")),
+    ("cufft", ("nvidia-cufft-", "nvidia-cusolver-", "nvidia-curand-")),
+    ("runtime", ("nvidia-",)),
+)
+KERNELS = frozenset({"flash-attn", "flashinfer-python", "flashinfer", "flashinfer-cubin", "xformers",
+                     "sgl-kernel", "vllm-flash-attn", "flash-attn-3"})
+# Bake stages, in order: the layers a stage ends with are shared by the combinations above it.
+STAGES = ("torch", "engine", "final")
+SHARES = {
+    "cuda": "every image whose torch lock pins these CUDA wheels, across torch releases",
+    "torch": "every combination with this torch, CUDA variant and Python",
+    "engine": "every combination with this torch and engine",
+    "verl": "this combination",
+}
+
+
+@dataclass(frozen=True)
+class Layer:
+    name: str  # cuda-cublas | torch-deps | torch | engine | kernels | verl
+    source: str  # the lock layer it is cut from: torch | engine | verl
+    stage: str  # the bake stage it belongs to (STAGES)
+    title: str  # one line for the Dockerfile
+    shares: str  # which images share it
+    text: str  # the hashed requirements it installs
+    packages: dict[str, str] = field(default_factory=dict)  # name -> version
+
+    @property
+    def lock_file(self) -> str:
+        """Its requirements, relative to the build context."""
+        return f"locks/{self.name}.txt"
+
+    @property
+    def key(self) -> str:
+        """Content key: the same pins (hashes included) give the same key, in any combination."""
+        return hashlib.sha256(self.text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class ImageModel:
+    combo: Combo
+    base: Base
+    tools: str  # hashed lock of the build tools (uv)
+    layers: tuple[Layer, ...]
+    expected: dict[str, str]  # the final environment: the full lock's name -> version
+    era: str
+    lock_hash: str
+    torch_index: str  # "default" or the (redacted) PyTorch index URL
+
+    @property
+    def needs_torch_index(self) -> bool:
+        """torch for a variant that is not its release's default comes from the PyTorch index."""
+        return self.torch_index != "default"
+
+    def stage_layers(self, stage: str) -> list[Layer]:
+        return [l for l in self.layers if l.stage == stage]
+
+    def stages(self) -> list[str]:
+        """The bake stages this image has (engine only with an engine)."""
+        return [s for s in STAGES if s == "final" or self.stage_layers(s)]
+
+    def to_dict(self) -> dict:
+        return {"combo": self.combo.to_dict(), "base": self.base.to_dict(), "tools": self.tools,
+                "layers": [asdict(l) for l in self.layers], "expected": dict(sorted(self.expected.items())),
+                "era": self.era, "lock_hash": self.lock_hash, "torch_index": self.torch_index}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ImageModel":
+        c = {k: v for k, v in d["combo"].items() if k not in ("id", "tag")}
+        return cls(Combo(**c), Base.from_dict(d["base"]), d["tools"], tuple(Layer(**l) for l in d["layers"]),
+                   dict(d["expected"]), d["era"], d["lock_hash"], d["torch_index"])
+
+
+def _text(value: str | None) -> str:
+    """LayerLock.path / LockResult.full_lock hold the text before Locker.write and a path after."""
+    if not value:
+        return ""
+    if "\n" not in value and os.path.isfile(value):
+        return Path(value).read_text()
+    return value
+
+
+def _cuda_group(name: str) -> str | None:
+    if not name.startswith("nvidia-"):
+        return None
+    return next(g for g, prefixes in CUDA_GROUPS if name.startswith(prefixes))
+
+
+def _cut(source: str, text: str) -> list[tuple[str, dict[str, tuple[str, str]]]]:
+    """One lock layer -> [(layer name, {package: (version, block)})], in install order."""
+    pins = parse_lock(text)
+    if source == "torch":
+        groups: dict[str, dict] = {f"cuda-{g}": {} for g, _ in CUDA_GROUPS}
+        groups.update({"torch-deps": {}, "torch": {}})
+        for name, pin in pins.items():
+            g = _cuda_group(name)
+            groups[f"cuda-{g}" if g else ("torch" if name == "torch" else "torch-deps")][name] = pin
+        return [(n, g) for n, g in groups.items() if g]
+    if source == "engine":
+        eng = {n: p for n, p in pins.items() if n not in KERNELS}
+        ker = {n: p for n, p in pins.items() if n in KERNELS}
+        return [(n, g) for n, g in (("engine", eng), ("kernels", ker)) if g]
+    return [(source, pins)] if pins else []
+
+
+def _title(name: str, combo: Combo) -> str:
+    if name.startswith("cuda-"):
+        return f"CUDA libraries ({name[5:]}): nvidia-* wheels from the torch lock."
+    return {"torch-deps": "torch's dependencies (triton, sympy, ...).",
+            "torch": f"torch {combo.torch} itself.",
+            "engine": f"The rollout engine ({combo.engine} {combo.engine_version}) and its dependencies.",
+            "kernels": "The engine's compiled kernels.",
+            "verl": "verl itself: the most volatile layer."}[name]
+
+
+def _shares(name: str) -> str:
+    if name.startswith("cuda-"):
+        return SHARES["cuda"]
+    return SHARES["torch" if name.startswith("torch") else "engine" if name in ("engine", "kernels") else "verl"]
+
+
+def _stage(source: str) -> str:
+    return {"torch": "torch", "engine": "engine"}.get(source, "final")
+
+
+def model_for(combo: Combo, lock: LockResult, base: Base) -> ImageModel:
+    """The combination's layers from its lock; raises when the cut would not install the lock."""
+    if not lock.ok:
+        raise EnvbuildError(f"{combo.id}: cannot render without a lock ({lock.status})")
+    layers: list[Layer] = []
+    for ll in lock.layers:
+        for name, pins in _cut(ll.name, _text(ll.path)):
+            # The header names only the layer's own content, so equal pins give equal bytes.
+            body = f"# envbuild layer {name}: {len(pins)} pin(s) from the {ll.name} lock\n" + \
+                "".join(block for _, block in (pins[n] for n in sorted(pins)))
+            layers.append(Layer(name, ll.name, _stage(ll.name), _title(name, combo), _shares(name), body,
+                                {n: v for n, (v, _) in sorted(pins.items())}))
+    full = _text(lock.full_lock)
+    expected = {n: v for n, (v, _) in parse_lock(full).items()} if full else {}
+    model = ImageModel(combo, base, lock.tools, tuple(layers), expected or installed(layers), lock.era,
+                       lock.lock_hash or "", lock.torch_index)
+    check_installs_lock(model)
+    return model
+
+
+def installed(layers) -> dict[str, str]:
+    """What installing the layers in order leaves (a later pin replaces an earlier one)."""
+    env: dict[str, str] = {}
+    for l in layers:
+        env.update(l.packages)
+    return env
+
+
+def check_installs_lock(model: ImageModel) -> None:
+    got = installed(model.layers)
+    if got != model.expected:
+        extra = sorted(set(got.items()) - set(model.expected.items()))
+        missing = sorted(set(model.expected.items()) - set(got.items()))
+        raise EnvbuildError(f"{model.combo.id}: the layers would not install the lock "
+                            f"(extra {extra[:5]}, missing {missing[:5]})")
+
+
+def expected_text(model: ImageModel) -> str:
+    """The final environment as `name==version` lines (the in-image check's input)."""
+    return "".join(f"{n}=={v}\n" for n, v in sorted(model.expected.items()))
