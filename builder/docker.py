@@ -212,8 +212,13 @@ class Engine:
     def pull(self, ref: str, timeout: float = 1800) -> None:
         self.cmd("pull", "-q", ref, timeout=timeout)
 
-    def push(self, ref: str, timeout: float = 3600) -> str:
-        """Push a tag; return the pushed digest as `repo@sha256:...`."""
+    def push(self, ref: str, timeout: float = 3600, compression: str = "gzip") -> str:
+        """Push a tag; return the pushed digest as `repo@sha256:...`. gzip: `docker push`;
+        zstd: the copier pusher_for names (self.last_push_tool says which ran)."""
+        tool = pusher_for(self, compression)
+        self.last_push_tool = tool
+        if tool == "skopeo":
+            return skopeo_push(ref, compression, timeout)
         p = self.cmd("push", ref, timeout=timeout)
         m = re.search(r"digest:\s*(sha256:[0-9a-f]{64})", p.stdout)
         if not m:
@@ -241,6 +246,52 @@ class Engine:
 
     def repo_digests(self, ref: str) -> list[str]:
         return list((self.inspect(ref) or {}).get("RepoDigests") or [])
+
+
+# --- compression of pushed layers -------------------------------------------------------------
+
+COMPRESSIONS = ("gzip", "zstd")
+
+
+def pusher_for(engine, compression: str) -> str:
+    """Which tool pushes with this compression: `docker` (gzip, the Docker media types every
+    client reads) or `skopeo` (zstd, OCI media types). The classic docker client and daemon
+    (`docker push`) only write gzip; BuildKit's image exporter can write zstd
+    (compression=zstd,oci-mediatypes=true,force-compression=true) but only when it pushes while
+    it builds, so for an image already in the daemon a copier does it: skopeo (Debian/Ubuntu
+    package `skopeo`), `skopeo copy --dest-compress-format zstd docker-daemon:REF docker://REF`."""
+    if compression == "gzip":
+        return "docker"
+    if compression != "zstd":
+        raise InfraError("bad-compression", f"--compression {compression}: expected one of {', '.join(COMPRESSIONS)}")
+    if shutil.which("skopeo"):
+        return "skopeo"
+    raise InfraError("no-zstd-pusher",
+                     f"--compression zstd: {engine.client} ({engine.mode}) pushes gzip only; a copier from "
+                     "the daemon to the registry is needed: install skopeo (apt-get install skopeo)")
+
+
+def skopeo_push(ref: str, compression: str, timeout: float = 3600) -> str:
+    """Copy a daemon image to its registry with zstd layers (OCI media types); -> repo@digest."""
+    repo, _ = split_ref(ref)
+    host = registry_host(repo) or ""
+    insecure = host.split(":")[0] in ("localhost", "127.0.0.1") or host.startswith("127.")
+    with tempfile.TemporaryDirectory(prefix="envbuild-push-") as td:
+        dig = os.path.join(td, "digest")
+        argv = ["skopeo", "copy", "--quiet", "--format", "oci", "--dest-compress-format", compression,
+                "--dest-compress-level", "3", "--digestfile", dig,
+                *(["--dest-tls-verify=false"] if insecure else []), f"docker-daemon:{ref}", f"docker://{ref}"]
+        try:
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise InfraError("daemon-error", f"skopeo copy {ref}: no end in {timeout:.0f}s") from None
+        if p.returncode != 0:
+            err = (p.stderr or p.stdout).strip().splitlines()
+            raise InfraError("daemon-error", f"skopeo copy {ref}: {err[-1] if err else p.returncode}")
+        digest = Path(dig).read_text().strip()
+    if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+        raise InfraError("daemon-error", f"skopeo copy {ref}: no digest written")
+    return f"{repo}@{digest}"
 
 
 # --- references and registries ----------------------------------------------------------------
