@@ -1,0 +1,235 @@
+"""Trust hardening of the signed table (issue 14): hostile ids, freshness and rollback, key
+policy, coverage of every published file, atomic publish, one-line errors."""
+
+import json
+import os
+import time
+
+import pytest
+from table_fixtures import combo, image, passed, rec, verdict, write_all
+
+import envbuild.table as table_mod
+from envbuild.errors import InputError, TrustError
+from envbuild.fsutil import safe_name
+from envbuild.sign import write_keypair
+from envbuild.table import publish
+from envbuild.verify import load_verified
+
+A, B = combo(), combo(verl="0.5.0")
+
+
+@pytest.fixture
+def site(tmp_path):
+    res = tmp_path / "results"
+    write_all(res, [rec(A, passed("env", "contract"), img=image(A), run=1),
+                    rec(B, {"env": verdict("pass"), "contract": verdict("fail", "import-error")}, img=image(B),
+                        status="fail", run=2)])
+    priv, pub, _ = write_keypair(tmp_path / "keys")
+    publish(res, priv, tmp_path / "table")
+    return {"res": res, "priv": priv, "pub": pub, "out": tmp_path / "table", "tmp": tmp_path}
+
+
+def one_line(p):
+    return "Traceback" not in p.stderr and p.stderr.count("\n") == 1
+
+
+def files_under(root):
+    return {os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs}
+
+
+# ---------------------------------------------------------------- names from data
+
+
+@pytest.mark.parametrize("bad", ["/tmp/evil-abs", "../../../evil", "a/../../evil", "x\n", "x" * 400, ".hidden",
+                                 "..", "-rf", "a b", "ä"])
+def test_hostile_combination_ids_write_nothing_outside_out_and_exit_2(tmp_path, run_cli, bad):
+    res = tmp_path / "work" / "results"
+    folder = res / "records" / "x"
+    folder.mkdir(parents=True)
+    c = {**combo(), "id": bad}
+    r = rec(combo(), passed("env", "contract"), img=image(combo()), run=1)
+    (folder / f"{r.run_id}.json").write_text(json.dumps({**r.to_dict(), "combo": c}))
+    priv, _, _ = write_keypair(tmp_path / "keys")
+    before = files_under(tmp_path)
+    p = run_cli("publish", "--results", res, "--key", priv, "--out", tmp_path / "work" / "out" / "table")
+    assert p.returncode == 2 and one_line(p), p.stderr
+    assert files_under(tmp_path) == before  # nothing written anywhere, --out included
+    assert not os.path.exists("/tmp/evil-abs.dsse.json")
+
+
+def test_safe_name_is_fullmatch_and_bounded():
+    assert safe_name("verl0.4.1-vllm0.8.4-torch2.6.0-cu124-py3.11") == "verl0.4.1-vllm0.8.4-torch2.6.0-cu124-py3.11"
+    for bad in ("x\n", "a/b", "a..b", "", None, 3, "x" * 202, "\x00"):
+        with pytest.raises(InputError):
+            safe_name(bad)
+
+
+# ---------------------------------------------------------------- freshness
+
+
+def test_expired_table_is_refused_unless_allow_rollback(tmp_path, run_cli, monkeypatch):
+    res = tmp_path / "results"
+    write_all(res, [rec(A, passed("env", "contract"), img=image(A), run=1)])
+    priv, pub, _ = write_keypair(tmp_path / "keys")
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", str(int(time.time()) - 3 * 86400))
+    publish(res, priv, tmp_path / "table", expires_days=2)
+    monkeypatch.delenv("SOURCE_DATE_EPOCH")
+    p = run_cli("pick", "--vllm", "0.8.4", "--table", tmp_path / "table", "--pubkey", pub)
+    assert p.returncode == 2 and one_line(p) and "expired at" in p.stderr and p.stdout == ""
+    p = run_cli("verify", tmp_path / "table", "--pubkey", pub)
+    assert p.returncode == 2 and "expired" in p.stderr
+    p = run_cli("pick", "--vllm", "0.8.4", "--table", tmp_path / "table", "--pubkey", pub, "--allow-rollback")
+    assert p.returncode == 0 and p.stdout.strip() == image(A)["digest"] and "warning" in p.stderr
+
+
+def test_publish_expires_days_option(tmp_path, run_cli):
+    res = tmp_path / "results"
+    write_all(res, [rec(A, passed("env"), img=image(A), run=1)])
+    priv, _, _ = write_keypair(tmp_path / "keys")
+    p = run_cli("publish", "--results", res, "--key", priv, "--out", tmp_path / "t", "--expires-days", "7")
+    assert p.returncode == 0, p.stderr
+    t = json.loads((tmp_path / "t" / "compat.json").read_text())
+    assert table_mod.parse_utc(t["expires"]) - table_mod.parse_utc(t["generated"]) == 7 * 86400
+    p = run_cli("publish", "--results", res, "--key", priv, "--out", tmp_path / "t", "--expires-days", "0")
+    assert p.returncode == 2 and one_line(p)
+
+
+def test_serial_grows_and_an_older_table_is_refused_after_a_newer_one(site, run_cli, tmp_path):
+    old_copy = tmp_path / "old-copy"
+    import shutil
+    shutil.copytree(os.path.realpath(site["out"]), old_copy)
+    old_serial = json.loads((old_copy / "compat.json").read_text())["serial"]
+    # The next night: B got fixed (so the old table says B is broken, the new one verified).
+    write_all(site["res"], [rec(B, passed("env", "contract"), img=image(B, build=1), run=3)])
+    publish(site["res"], site["priv"], site["out"])
+    new_serial = json.loads((site["out"] / "compat.json").read_text())["serial"]
+    assert new_serial > old_serial
+    p = run_cli("verify", site["out"], "--pubkey", site["pub"])
+    assert p.returncode == 0, p.stderr
+    # Replaying the older, validly signed table (a mirror serving yesterday's file):
+    for cmd in (("verify", old_copy), ("pick", "--verl", "0.5.0", "--table", old_copy)):
+        p = run_cli(*cmd, "--pubkey", site["pub"])
+        assert p.returncode == 2 and one_line(p) and f"serial {old_serial} is older than serial {new_serial}" \
+            in p.stderr, p.stderr
+    p = run_cli("verify", old_copy, "--pubkey", site["pub"], "--allow-rollback")
+    assert p.returncode == 0 and "allow-rollback" in p.stderr
+
+
+def test_identical_republish_keeps_serial_changed_content_raises_it(site):
+    first = json.loads((site["out"] / "compat.json").read_text())
+    write_all(site["res"], [rec(B, passed("env", "contract"), img=image(B, build=1), run=3)])
+    publish(site["res"], site["priv"], site["out"])
+    assert json.loads((site["out"] / "compat.json").read_text())["serial"] > first["serial"]
+
+
+# ---------------------------------------------------------------- keys
+
+
+def test_first_use_pins_the_key_and_a_changed_key_is_refused(site, run_cli, tmp_path):
+    p = run_cli("verify", site["out"])
+    assert p.returncode == 0 and "FIRST USE" in p.stderr and "trusted on first use" in p.stdout
+    # Attacker: new key, re-signed table saying B works, pubkey.json replaced next to it.
+    evil_priv, _, _ = write_keypair(tmp_path / "evil")
+    write_all(site["res"], [rec(B, passed("env", "contract", "gpu"), img=image(B, build=9), run=9)])
+    publish(site["res"], evil_priv, site["out"])
+    for cmd in (("verify", site["out"]), ("pick", "--verl", "0.5.0", "--table", site["out"])):
+        p = run_cli(*cmd)
+        assert p.returncode == 2 and one_line(p) and "key next to the table changed" in p.stderr, p.stderr
+        assert p.stdout == ""
+
+
+def test_remote_table_needs_a_key_source(site):
+    with pytest.raises(TrustError, match="no key to check"):
+        (site["out"] / "pubkey.json").unlink()  # neither --pubkey, nor a configured key, nor one to pin
+        load_verified(site["out"])
+
+
+# ---------------------------------------------------------------- coverage of every file
+
+
+@pytest.mark.parametrize("name", ["compat.md", "index.html", "pubkey.json", "attestations"])
+def test_every_published_file_is_covered_by_the_signature(site, run_cli, name):
+    real = os.path.realpath(site["out"])
+    path = os.path.join(real, name)
+    if name == "attestations":
+        path = os.path.join(path, os.listdir(path)[0])
+    with open(path, "ab") as f:
+        f.write(b" ")
+    p = run_cli("verify", site["out"], "--pubkey", site["pub"])
+    assert p.returncode == 2 and one_line(p) and "sha256 differs" in p.stderr, p.stderr
+
+
+def test_corrupt_attestation_and_non_utf8_pubkey_are_one_line(site, run_cli):
+    att_dir = site["out"] / "attestations"
+    att = next(att_dir.iterdir())
+    att.write_bytes(b"{not json")
+    p = run_cli("verify", site["out"], "--pubkey", site["pub"], "--attestations")
+    assert p.returncode == 2 and one_line(p), p.stderr
+    bad = site["tmp"] / "latin1.json"
+    bad.write_bytes(b'{"keyid": "\xe9\xff"}')
+    p = run_cli("verify", site["out"], "--pubkey", bad)
+    assert p.returncode == 2 and one_line(p) and "UTF-8" in p.stderr, p.stderr
+    (site["out"] / "pubkey.json").write_bytes(b"\xff\xfe\x00garbage")
+    p = run_cli("verify", site["out"])  # first use: the key next to the table is unreadable
+    assert p.returncode == 2 and one_line(p), p.stderr
+
+
+def test_attestation_with_a_hostile_structure_is_one_line(site, run_cli):
+    import base64
+    from envbuild.sign import load_signer, sign_envelope, IN_TOTO_PAYLOAD_TYPE
+    att = next((site["out"] / "attestations").iterdir())
+    env = sign_envelope(json.dumps({"subject": "nope", "_type": 3}).encode(), IN_TOTO_PAYLOAD_TYPE,
+                        load_signer(site["priv"]))
+    att.write_text(json.dumps(env))
+    p = run_cli("verify", site["out"], "--pubkey", site["pub"], "--attestations")
+    assert p.returncode == 2 and one_line(p), p.stderr
+    assert base64  # (kept import local to this test)
+
+
+# ---------------------------------------------------------------- atomic publish
+
+
+def test_a_crash_between_writes_leaves_the_old_set_verifiable(site, monkeypatch, run_cli):
+    before = json.loads((site["out"] / "compat.json").read_text())
+    target_before = os.readlink(site["out"])
+    write_all(site["res"], [rec(B, passed("env", "contract"), img=image(B, build=1), run=3)])
+    real_write = table_mod.write_atomic
+    calls = []
+
+    def crash_on_third(path, data, *a, **kw):
+        calls.append(path)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device (injected)")
+        return real_write(path, data, *a, **kw)
+
+    monkeypatch.setattr(table_mod, "write_atomic", crash_on_third)
+    with pytest.raises(OSError, match="injected"):
+        publish(site["res"], site["priv"], site["out"])
+    monkeypatch.setattr(table_mod, "write_atomic", real_write)
+    assert os.readlink(site["out"]) == target_before  # never switched
+    assert json.loads((site["out"] / "compat.json").read_text()) == before
+    p = run_cli("verify", site["out"], "--pubkey", site["pub"], "--attestations")
+    assert p.returncode == 0, p.stderr
+    # The next publish succeeds and removes the half-written folder.
+    publish(site["res"], site["priv"], site["out"])
+    sites = site["out"].parent / ".table.sites"
+    assert len(list(sites.iterdir())) == 2  # the current and the previous one
+    assert json.loads((site["out"] / "compat.json").read_text())["counts"]["verified"] == 2
+
+
+def test_a_table_folder_from_an_older_envbuild_is_adopted(tmp_path):
+    res = tmp_path / "results"
+    write_all(res, [rec(A, passed("env", "contract"), img=image(A), run=1)])
+    priv, pub, _ = write_keypair(tmp_path / "keys")
+    legacy = tmp_path / "table"
+    legacy.mkdir()
+    (legacy / "compat.json").write_text("{}")
+    publish(res, priv, legacy)
+    assert legacy.is_symlink()
+    load_verified(legacy, pub)
+    other = tmp_path / "mine"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(InputError, match="other files"):
+        publish(res, priv, other)
+    assert (other / "notes.txt").read_text() == "mine"
