@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
+from .about import VersionAction
 from .errors import EnvbuildError
 
 # name -> (module, one-line help). One table; order is the order shown in --help.
@@ -30,15 +32,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "discover": ("envbuild.discover", "find upstream releases newer than the matrix"),
     "ci": ("envbuild.ci", "generate CI (GitHub Actions workflow, docker-bake.json)"),
     "doctor": ("envbuild.doctor", "check a verl training config and environment before a run"),
+    "completion": ("envbuild.completion", "print a bash, zsh or fish completion script"),
 }
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """`only`: import just that command's module (the others' imports cost ~0.1-0.3 s)."""
     parser = argparse.ArgumentParser(prog="envbuild", description=__doc__.splitlines()[0])
-    from . import __version__
-
-    parser.add_argument("--version", action="version", version=f"envbuild {__version__}")
+    parser.add_argument("--version", action=VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (modname, helptext) in COMMANDS.items():
         if only and name != only:
@@ -63,7 +64,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args._run(args) or 0)
+        rc = int(args._run(args) or 0)
+        sys.stdout.flush()  # a reader that went away shows here, not in a traceback at exit
+        return rc
+    except BrokenPipeError:  # `envbuild plan --all | head -1`: stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what the shell reports for such a tool
     except EnvbuildError as e:
         print(f"envbuild {args.command}: {e}", file=sys.stderr)
         return e.exit_code
