@@ -14,16 +14,15 @@ import re
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .errors import EnvbuildError, InfraError, InputError
+from .errors import EnvbuildError, InfraError, InputError, exit_of_records
+from .probe_run import Target, VerdictCache, expect_of, probe_image, probe_levels, record_status
+from .vocab import PROBE_CHOICES, PROBE_PLAN
 from .index import pytorch_index_url
 
-PROBE_LEVELS = ("none", "cpu", "gpu", "auto")
-# --probe X -> the probe's levels, in order (envbuild.probe_cmd: env, contract, gpu).
-PROBE_PLAN = {"cpu": ("env", "contract"), "gpu": ("env", "contract", "gpu")}
 CA_ENV = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
 DEFAULT_RESULTS = "results"
 DEFAULT_TIMEOUT = 3600
@@ -217,12 +216,6 @@ class Options:
     no_cache: bool = False
 
 
-def probe_expect(combo) -> dict:
-    """What the probe checks the image against (envbuild.probe_cmd.EXPECT_KEYS)."""
-    d = combo.to_dict()
-    return {k: d[k] for k in ("cuda", "torch", "engine_version", "verl")}
-
-
 def sanitize_tag(tag: str) -> str:
     t = re.sub(r"[^A-Za-z0-9_.-]", "_", tag)
     return t[:128]
@@ -253,9 +246,10 @@ class Builder:
     lock_fn / render_fn / probe_fn / engine are injectable (tests use fakes)."""
 
     def __init__(self, opts: Options, engine, *, lock_fn, render_fn, base_fn, probe_fn=None,
-                 progress=None, stop: threading.Event | None = None):
+                 progress=None, stop: threading.Event | None = None, verdict_cache: VerdictCache | None = None):
         self.o, self.engine = opts, engine
         self.lock_fn, self.render_fn, self.base_fn, self.probe_fn = lock_fn, render_fn, base_fn, probe_fn
+        self.verdict_cache = verdict_cache
         self.progress = progress or PlainProgress([])
         self.stop = stop or threading.Event()
 
@@ -375,30 +369,23 @@ class Builder:
                 return finish("push", "error", "daemon-error", str(e))
             timings["push"] = round(time.monotonic() - t, 3)
 
-        # 5. probe: the CPU levels, then the GPU level where asked; stop at the first that fails.
+        # 5. probe: the CPU levels, then the GPU level where asked (envbuild.probe_run: one path
+        # for every caller, the same outcome -> record rule, verdicts reused by content).
         if o.probe != "none":
             self.progress.update(cid, "probing")
             t = time.monotonic()
-            for level in PROBE_PLAN[o.probe]:
-                self.progress.step(cid, f"probe {level}")
-                try:
-                    verdict = self.probe_fn(content_ref, level=level, engine=combo.engine,
-                                            expect=probe_expect(combo), timeout=None)
-                except InfraError as e:
-                    return finish("probe", "error", e.cause, str(e))
-                except EnvbuildError as e:
-                    return finish("probe", "error", "probe-error", str(e))
-                timings["probe"] = round(time.monotonic() - t, 3)
-                rec.probe[level] = verdict
-                v = str(verdict.get("status", "error")).lower()
-                if v in ("fail", "error", "timeout"):
-                    bad = [f"{c.get('name')}: {c.get('detail', '')}".strip() for c in verdict.get("checks", [])
-                           if c.get("status") in ("fail", "error", "timeout")]
-                    detail = f"probe level {level}: {v}\n" + "\n".join(bad)[:3000]
-                    status = "fail" if v == "fail" else "error"
-                    cause = verdict.get("cause") or ("timeout" if v == "timeout" else f"probe-{v}")
-                    return finish("probe", status, cause, detail)
-            return finish("probe", "ok")
+            target = Target(content_ref, combo.engine, expect_of(combo), rec.image.get("id"))
+            try:
+                verdicts = probe_levels(target, PROBE_PLAN[o.probe], probe_fn=self.probe_fn,
+                                        cache=self.verdict_cache, run_id=rec.run_id,
+                                        on_level=lambda lv: self.progress.step(cid, f"probe {lv}"))
+            except InfraError as e:
+                return finish("probe", "error", e.cause, str(e))
+            except EnvbuildError as e:
+                return finish("probe", "error", "probe-error", str(e))
+            timings["probe"] = round(time.monotonic() - t, 3)
+            rec.probe = verdicts
+            return finish("probe", *record_status(verdicts))
         return finish("build", "ok")
 
     def _secret_values(self, lr) -> dict[str, str]:
@@ -420,8 +407,10 @@ def run_all(builder: Builder, combos, jobs: int) -> tuple[list, bool]:
     records: list = []
     interrupted = False
     pool = ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="envbuild")
-    futs = {pool.submit(_guarded, builder, c): c for c in combos}
-    try:
+    futs: dict = {}
+    try:  # submitting inside the try: a Ctrl-C while the first builds already run is caught too
+        for c in combos:
+            futs[pool.submit(_guarded, builder, c)] = c
         for f, c in futs.items():
             while True:
                 try:
@@ -536,12 +525,14 @@ def add_arguments(p) -> None:
                    help="nvidia (the matrix's CUDA devel image) | bootstrap (debootstrap base) | an image; "
                         "default auto: nvidia when it can be pulled, else bootstrap")
     p.add_argument("--suite", default="bookworm", help="distribution suite for --base bootstrap")
-    p.add_argument("--probe", default="none", choices=PROBE_LEVELS, help="probe each image (default none)")
+    p.add_argument("--probe", default="none", choices=PROBE_CHOICES, help="probe each image (default none)")
     p.add_argument("--results", default=DEFAULT_RESULTS, help=f"results folder (default ./{DEFAULT_RESULTS})")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per build (default 3600)")
     p.add_argument("--ca-bundle", help="CA bundle given to builds as a secret (default: $PIP_CERT, "
                                        "$SSL_CERT_FILE or $REQUESTS_CA_BUNDLE)")
     p.add_argument("--rebuild", action="store_true", help="build even when the content tag exists")
+    p.add_argument("--reprobe", action="store_true",
+                   help="probe even when this image content was already probed by this probe version")
     p.add_argument("--no-cache", action="store_true",
                    help="ignore BuildKit's layer cache (a cold build; download caches stay)")
 
@@ -589,14 +580,6 @@ def run(args) -> int:
     pl = plan_from_args(args, meta)
     opts = options_from_args(args, m.image)
     opts.probe = _probe_level(opts.probe)
-    probe_fn = None
-    if opts.probe != "none":
-        try:
-            from .probe_cmd import probe_image
-        except ImportError:
-            raise InputError("command line", None, "--probe", args.probe,
-                             "the probe is not available in this version; use --probe none") from None
-        probe_fn = probe_image
     engine = detect()
     opts.results.mkdir(parents=True, exist_ok=True)
     tty = sys.stdout.isatty()
@@ -612,7 +595,8 @@ def run(args) -> int:
         prog.message(f"envbuild build: {len(pl.combos)} combination(s), -j {opts.jobs}, {engine.describe()}")
         builder = Builder(opts, engine, lock_fn=_lock_adapter(m, meta), render_fn=_render_adapter(),
                           base_fn=_base_adapter(engine, opts.base, opts.suite, prog.message),
-                          probe_fn=probe_fn, progress=prog, stop=stop)
+                          probe_fn=probe_image, progress=prog, stop=stop,
+                          verdict_cache=None if args.reprobe else VerdictCache())
         for c in pl.combos:
             prog.update(c.id, "queued")
         try:
@@ -641,8 +625,4 @@ def summarize(records, opts: Options, interrupted: bool, planned: int, out=None)
     if interrupted:
         print(f"interrupted: {len(records)} of {planned} recorded; rerun the same command to resume", file=out)
         return 130
-    if any(r.status == "fail" for r in records):
-        return 1
-    if any(r.status == "error" for r in records):
-        return 3
-    return 0
+    return exit_of_records(r.status for r in records)

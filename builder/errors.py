@@ -15,6 +15,17 @@ Exit codes (README, "Exit codes"):
 from __future__ import annotations
 
 OK, VERDICT, BAD_INPUT, INFRA = 0, 1, 2, 3
+# A probe verdict's status -> the exit code of a command that reports one verdict.
+EXIT_OF_VERDICT = {"pass": OK, "fail": VERDICT, "timeout": VERDICT, "needs-gpu": INFRA, "error": INFRA}
+
+
+def exit_of_records(statuses, *, incomplete: bool = False) -> int:
+    """A command that wrote records (ok | fail | error): any verdict against a combination is 1;
+    else any infrastructure error, or work it could not do (`incomplete`), is 3."""
+    statuses = set(statuses)
+    if "fail" in statuses:
+        return VERDICT
+    return INFRA if "error" in statuses or incomplete else OK
 
 
 class EnvbuildError(Exception):

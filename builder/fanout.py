@@ -1,7 +1,7 @@
 """Probes fanned out over a Ray cluster (`envbuild probe --ray ADDRESS [selectors]`).
 
 verl users already run Ray. One Ray task per image asks for one GPU, runs the probe in a
-container on the node it lands on (envbuild.probe_cmd.probe_image) and returns the verdict;
+container on the node it lands on (envbuild.probe_run.probe_image) and returns the verdict;
 the driver writes each result into the results folder as a record (envbuild.record) the
 moment it arrives. A task whose worker or node is lost mid-probe is retried on another node
 (Ray's label selector keeps it off the nodes where it was lost) a bounded number of times,
@@ -9,8 +9,8 @@ and then recorded as status "error" (infrastructure), never as a broken combinat
 
 The images are the ones the results folder records for the selected combinations (the
 newest record with an image: its registry digest when pushed, so any node can pull it).
-`probe_one` is also what a single machine uses (`envbuild ci probe`, the GPU runners of the
-generated workflow), so both paths write the same records.
+Running a probe and writing its record is envbuild.probe_run's, shared with `envbuild build`,
+`envbuild ci probe` and `envbuild probe`: this module keeps only the Ray code.
 """
 
 from __future__ import annotations
@@ -23,22 +23,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import EnvbuildError, InfraError, InputError
+from .errors import EnvbuildError, InfraError, InputError, exit_of_records
+from .matrix import add_selector_args, plan_from_args
+from .probe_run import DEFAULT_TIMEOUT, ProbeJob, docker_exe, jobs_from_results, probe_levels, record_probe
 
 DEFAULT_RETRIES = 2
 RETRIABLE_VERDICT_CAUSES = ("docker-error", "no-docker")  # the node, not the stack
-
-
-@dataclass
-class ProbeJob:
-    combo: dict
-    image: dict  # the build record's image: ref, digest ("repo@sha256:..."), id, ...
-    base: dict | None = None
-    lock_hash: str | None = None
-
-    @property
-    def ref(self) -> str:
-        return self.image.get("digest") or self.image.get("ref")
 
 
 @dataclass
@@ -57,90 +47,20 @@ class Outcome:
     machine: dict = field(default_factory=dict)
 
 
-# ---------------------------------------------------------------- jobs from the results folder
-
-
-def jobs_from_results(results: str | os.PathLike, combos) -> tuple[list[ProbeJob], list[str]]:
-    """(jobs, ids without an image) for the planned combinations."""
-    from .record import iter_records
-
-    newest: dict[str, object] = {}
-    for r in iter_records(results):
-        img = r.image or {}
-        if not (img.get("digest") or img.get("ref")):
-            continue
-        cur = newest.get(r.combo.get("id"))
-        if cur is None or r.run_id > cur.run_id:
-            newest[r.combo["id"]] = r
-    jobs, missing = [], []
-    for c in combos:
-        r = newest.get(c.id)
-        if r is None:
-            missing.append(c.id)
-        else:
-            jobs.append(ProbeJob(dict(r.combo), dict(r.image), r.base, r.lock_hash))
-    return jobs, missing
-
-
-def expect_of(combo: dict) -> dict:
-    """What the probe checks the image against (CUDA as the probe wants it: 12.4)."""
-    cuda = combo.get("cuda_toolkit") or ""
-    if not cuda and str(combo.get("cuda", "")).startswith("cu"):
-        digits = combo["cuda"][2:]
-        cuda = f"{digits[:-1]}.{digits[-1]}"
-    out = {"cuda": cuda, "torch": combo.get("torch"), "engine_version": combo.get("engine_version"),
-           "verl": combo.get("verl")}
-    return {k: v for k, v in out.items() if v and v != "?"}
-
-
-# ---------------------------------------------------------------- one probe, one record
-
-
-def record_status(verdicts: dict) -> tuple[str, str | None, str]:
-    """A record's (status, cause, detail) from its level verdicts: fail/timeout is a verdict on
-    the stack; error is infrastructure; pass and needs-gpu are ok (needs-gpu decides nothing)."""
-    for want, status in (("fail", "fail"), ("timeout", "fail"), ("error", "error")):
-        for lv, v in verdicts.items():
-            if v.get("status") == want:
-                cause = v.get("cause") or (want if want != "fail" else "probe-failure")
-                checks = [c for c in v.get("checks", []) if c.get("status") == want]
-                detail = f"{lv}: " + (f"{checks[0].get('name')}: {checks[0].get('detail', '')}" if checks else "")
-                return status, cause, detail[:2000]
-    return "ok", None, ""
-
-
-def probe_one(job: ProbeJob, levels: list[str], timeout: float | None, probe_fn=None) -> dict:
-    """Run the levels on this machine; {level: verdict}. Stops at the first level that fails."""
-    if probe_fn is None:
-        from .probe_cmd import probe_image as probe_fn
-    out = {}
-    for lv in levels:
-        v = probe_fn(job.ref, level=lv, engine=job.combo["engine"], expect=expect_of(job.combo), timeout=timeout)
-        out[lv] = v
-        if v.get("status") in ("fail", "timeout", "error"):
-            break
-    return out
-
-
 def write_outcome(results: str | os.PathLike, o: Outcome):
-    from .record import Record, write_record
-
-    status, cause, detail = record_status(o.verdicts)
+    """The record of one job after its attempts; lost attempts are named, never a verdict."""
     lost = [a for a in o.attempts if a.outcome != "verdict"]
     if not o.verdicts:
-        status, cause = "error", "node-lost"
         detail = (f"no verdict after {len(o.attempts)} attempt(s); each lost its worker or node "
                   "(infrastructure, not a verdict on the stack): ")
         detail += "; ".join(f"#{i + 1} on {a.node or '?'} ({a.host or '?'}): {a.detail}" for i, a in enumerate(o.attempts))
-    elif lost:
-        detail = (detail + "\n" if detail else "") + f"verdict on attempt {len(o.attempts)}; earlier attempts lost: " + \
+        return record_probe(results, o.job, {}, machine=o.machine, extra_detail=detail, status="error",
+                            cause="node-lost")
+    extra = ""
+    if lost:
+        extra = f"verdict on attempt {len(o.attempts)}; earlier attempts lost: " + \
             "; ".join(f"{a.node or '?'}: {a.detail}" for a in lost)
-    rec = Record(combo=o.job.combo, stage="probe", status=status, cause=cause, detail=detail[:4000],
-                 base=o.job.base, image=o.job.image, lock_hash=o.job.lock_hash, probe=dict(o.verdicts),
-                 machine=o.machine or {})
-    rec.timings = {"probe": round(sum(float((v.get("runner") or {}).get("wall_seconds") or 0) for v in o.verdicts.values()), 3)}
-    write_record(results, rec)
-    return rec
+    return record_probe(results, o.job, o.verdicts, machine=o.machine, extra_detail=extra)
 
 
 # ---------------------------------------------------------------- the Ray task
@@ -151,8 +71,6 @@ def _cleanup_orphans(image: str) -> None:
     docker client died with it; the container did not). One task per image per run, so a
     probe container of this image on this node is an orphan."""
     import subprocess
-
-    from .probe_cmd import docker_exe
 
     exe = docker_exe()
     try:
@@ -173,7 +91,7 @@ def _task_body(job: ProbeJob, levels: list[str], timeout: float | None, tracker,
     if tracker is not None:
         ray.get(tracker.started.remote(key, node, host))
     _cleanup_orphans(job.ref)
-    verdicts = probe_one(job, levels, timeout)
+    verdicts = probe_levels(job.target(), levels, timeout=timeout)
     gpu = os.environ.get("CUDA_VISIBLE_DEVICES")
     return {"node": node, "host": host, "verdicts": verdicts,
             "machine": {"hostname": host, "platform": platform.platform(), "ray_node": node,
@@ -269,8 +187,6 @@ def fan_out(address: str, jobs: list[ProbeJob], levels: list[str], results: str 
         task = ray.remote(_task_body)
         per_level = float(timeout) if timeout else None
         # Never wait forever on a task (a hung raylet): the probe's own timeout plus slack.
-        from .probe_cmd import DEFAULT_TIMEOUT
-
         budget = deadline_s or sum((per_level or DEFAULT_TIMEOUT[lv]) for lv in levels) + 300
 
         outcomes = [Outcome(j) for j in jobs]
@@ -353,8 +269,6 @@ def _done(results, o: Outcome, say):
 
 def run_from_args(args) -> int:
     """`envbuild probe --ray ADDRESS [selectors]` (the hook in probe_cmd calls this)."""
-    from .plan import plan_from_args
-
     results = Path(getattr(args, "results", None) or "results")
     if not results.is_dir():
         raise InputError(str(results), None, "--results", str(results), "no such directory (build first)")
@@ -367,18 +281,12 @@ def run_from_args(args) -> int:
     level = getattr(args, "level", None) or "contract"
     recs = fan_out(args.ray, jobs, [level], results, timeout=getattr(args, "timeout", None),
                    retries=getattr(args, "retries", DEFAULT_RETRIES))
-    if any(r.status == "fail" for r in recs):
-        return 1
-    if any(r.status == "error" for r in recs) or missing:
-        return 3
-    return 0
+    return exit_of_records([r.status for r in recs], incomplete=bool(missing))
 
 
 def add_ray_arguments(p) -> None:
     """The options `envbuild probe` gains for --ray (selectors pick the combinations)."""
-    from .matrix import add_selector_args
-
-    g = p.add_argument_group("Ray fan-out (--ray)")
+    g = p.add_argument_group("Ray fan-out (--ray) and selectors")
     g.add_argument("--ray", metavar="ADDRESS",
                    help="probe the selected combinations' images on this Ray cluster, one GPU task per image")
     g.add_argument("--results", default="results", help="results folder: images to probe, records written (default ./results)")

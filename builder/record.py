@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from .fsutil import write_json_atomic
+from .fsutil import safe_name, write_json_atomic
 
 SCHEMA = 1
 
@@ -80,7 +80,9 @@ def records_dir(results: str | os.PathLike) -> Path:
 
 
 def write_record(results: str | os.PathLike, rec: Record) -> Path:
-    path = records_dir(results) / rec.combo["id"] / f"{rec.run_id}.json"
+    # Names from data never become paths unchecked: an id like ../../x is refused (exit 2).
+    cid = safe_name(rec.combo.get("id"), "combo.id", "record")
+    path = records_dir(results) / cid / f"{safe_name(rec.run_id, 'run_id', 'record')}.json"
     if path.exists():  # immutable: never rewrite a record
         raise FileExistsError(path)
     if not rec.machine:
@@ -99,10 +101,20 @@ def iter_records(results: str | os.PathLike) -> Iterator[Record]:
             continue  # a foreign or truncated file is not a record
 
 
-def latest_by_combo(results: str | os.PathLike) -> dict[str, Record]:
+def latest(records, *, with_image: bool = False) -> dict[str, Record]:
+    """The one rule for "the latest record per combination": the highest run id (sortable by
+    time), optionally among the records that name an image (what a re-probe needs)."""
     out: dict[str, Record] = {}
-    for r in iter_records(results):
-        cur = out.get(r.combo["id"])
+    for r in records:
+        img = r.image or {}
+        if with_image and not (img.get("digest") or img.get("ref")):
+            continue
+        cid = r.combo.get("id")
+        cur = out.get(cid)
         if cur is None or r.run_id > cur.run_id:
-            out[r.combo["id"]] = r
+            out[cid] = r
     return out
+
+
+def latest_by_combo(results: str | os.PathLike) -> dict[str, Record]:
+    return latest(iter_records(results))

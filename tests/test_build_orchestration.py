@@ -263,7 +263,7 @@ def test_probe_levels_run_in_order_and_stop_at_a_failure(tmp_path):
     by = {r.combo["id"]: r for r in recs}
     bad, good = by[combo().id], by[combo("hf", "").id]
     assert [s[1] for s in seen if s[2] == "vllm"] == ["env", "contract"]
-    from envbuild.probe_cmd import EXPECT_KEYS
+    from envbuild.probe_run import EXPECT_KEYS
 
     assert set(seen[0][3]) == set(EXPECT_KEYS) and seen[0][3]["engine_version"] == "0.8.4"
     assert all(s[0] == bad.image["ref"] for s in seen if s[2] == "vllm")
@@ -274,17 +274,18 @@ def test_probe_levels_run_in_order_and_stop_at_a_failure(tmp_path):
     assert (good.stage, good.status) == ("probe", "ok") and set(good.probe) == {"env", "contract"}
 
 
-def test_probe_timeout_is_an_error(tmp_path):
+def test_probe_timeout_is_a_failure_of_the_stack_in_build_as_in_every_probe_path(tmp_path):
+    # One rule (vocab.VERDICT_TO_RECORD, README): a hang is a verdict, so an earlier "works" cannot stand.
     b = make_builder(tmp_path, FakeEngine(), probe="gpu",
                      probe_fn=lambda image, **kw: {"status": "timeout" if kw["level"] == "gpu" else "pass"})
     (r,), _ = B.run_all(b, [combo()], 1)
-    assert (r.stage, r.status, r.cause) == ("probe", "error", "timeout") and set(r.probe) == {"env", "contract", "gpu"}
+    assert (r.stage, r.status, r.cause) == ("probe", "fail", "timeout") and set(r.probe) == {"env", "contract", "gpu"}
 
 
 def test_ctrl_c_keeps_earlier_records_and_rerun_resumes(tmp_path):
     def hang(call, on_line, stop):
         _thread.interrupt_main()  # what Ctrl-C does to the main thread
-        assert stop.wait(10), "the orchestration must stop running builds"
+        assert stop.wait(120), "the orchestration must stop running builds"
         return BuildResult(False, -2, 1.0, interrupted=True, tail=["#5 [2/3] RUN uv pip install"])
     eng = FakeEngine({"hf": hang})
     b = make_builder(tmp_path, eng)
@@ -302,6 +303,31 @@ def test_ctrl_c_keeps_earlier_records_and_rerun_resumes(tmp_path):
     assert not interrupted2 and all(r.status == "ok" for r in recs2)
     assert [r.image["reused"] for r in sorted(recs2, key=lambda r: combos.index(
         next(c for c in combos if c.id == r.combo["id"])))] == [True, False, False]
+
+
+def test_a_verdict_is_reused_by_image_content_and_a_changed_probe_probes_again(tmp_path, monkeypatch):
+    from envbuild import probe_run
+
+    calls = []
+
+    def probe(image, **kw):
+        calls.append(kw["level"])
+        return {"status": "pass", "checks": [], "level": kw["level"]}
+
+    def builder():
+        b = make_builder(tmp_path, eng, probe="cpu", probe_fn=probe)
+        b.verdict_cache = probe_run.VerdictCache(tmp_path / "verdicts")
+        return b
+
+    eng = FakeEngine()
+    (r1,), _ = B.run_all(builder(), [combo()], 1)
+    assert calls == ["env", "contract"] and r1.status == "ok"
+    (r2,), _ = B.run_all(builder(), [combo()], 1)  # same image content, same probe: nothing runs
+    assert calls == ["env", "contract"]
+    assert r2.status == "ok" and {v["reused_from"] for v in r2.probe.values()} == {r1.run_id}
+    monkeypatch.setattr(probe_run, "probe_code_hash", lambda: "a changed probe")
+    (r3,), _ = B.run_all(builder(), [combo()], 1)
+    assert calls == ["env", "contract"] * 2 and "reused_from" not in r3.probe["env"]
 
 
 def test_concurrency_runs_builds_at_once(tmp_path):

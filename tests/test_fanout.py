@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.fanout import Attempt, Outcome, ProbeJob, expect_of, jobs_from_results, record_status, write_outcome
+from envbuild.fanout import Attempt, Outcome, write_outcome
+from envbuild.probe_run import ProbeJob, expect_of, jobs_from_results, record_status
 from envbuild.matrix import load_matrix, plan, Selectors
 from envbuild.paths import default_matrix
 from envbuild.record import Record, iter_records, write_record
@@ -47,7 +48,7 @@ def test_record_status_and_error_is_never_a_verdict(tmp_path):
     assert (rec.status, rec.cause, rec.stage) == ("error", "node-lost", "probe")
     assert all(f"node{i}" in rec.detail for i in range(3))
     row = fold(iter_records(tmp_path))[0]
-    assert row["status"] != "broken" and row["failure"] is None
+    assert row.status != "broken" and row.failure is None
     # A verdict after a lost attempt still counts, and says what was lost.
     ok = Outcome(job, verdicts={"contract": fail}, attempts=[Attempt("n1", "h", "lost", "x"), Attempt("n2", "h", "verdict")])
     rec2 = write_outcome(tmp_path, ok)
@@ -213,7 +214,7 @@ def test_ray_fanout_streams_verdicts_and_retries_lost_nodes(tmp_path, images):
     assert len(nodes) == 3 and len(set(nodes)) == 3, slow.detail
     assert "retry 1/2 elsewhere" in out and "retry 2/2 elsewhere" in out
     row = {r["id"]: r for r in fold(iter_records(results))}[hf.id]
-    assert row["status"] != "broken"
+    assert row.status != "broken"
     # Two selected combinations had no image: said. Exit 1: the fast image's verdict is a failure.
     assert "no image recorded" in out and cli.returncode == (1 if fast.status == "fail" else 3), out
     print(out)

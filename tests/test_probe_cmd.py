@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from envbuild import probe_cmd
+from envbuild import probe_cmd, probe_run
 from envbuild.cli import main
 from envbuild.errors import EnvbuildError
 
@@ -52,17 +52,19 @@ def test_runs_as_a_copied_package_with_only_the_stdlib(tmp_path):
 
 
 def test_probe_args():
-    assert probe_cmd.probe_args("gpu", "vllm", {"cuda": "12.4", "engine_version": "0.8.4"}) == [
+    assert probe_run.probe_args("gpu", "vllm", {"cuda": "12.4", "engine_version": "0.8.4"}) == [
         "--level", "gpu", "--engine", "vllm", "--expect-cuda", "12.4", "--expect-engine-version", "0.8.4"]
     with pytest.raises(EnvbuildError, match="level=.nope."):
-        probe_cmd.probe_args("nope", "vllm", {})
+        probe_run.probe_args("nope", "vllm", {})
     with pytest.raises(EnvbuildError, match="unknown key"):
-        probe_cmd.probe_args("env", "vllm", {"cdua": "12.4"})
+        probe_run.probe_args("env", "vllm", {"cdua": "12.4"})
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (["probe"], "either IMAGE or --here"),
-    (["probe", "img:tag", "--here"], "either IMAGE or --here"),
+    (["probe"], "give an IMAGE to probe in a container, --here to probe this Python environment"),
+    (["probe", "img:tag", "--here"], "or --here, not both"),
+    (["probe", "--here", "--cuda", "12"], "--cuda='12'"),
+    (["probe", "--here", "--hf", "--engine", "vllm"], "conflicts with --hf"),
     (["probe", "--here", "--timeout", "0"], "--timeout=0.0"),
     (["probe", "--here", "--nproc", "0"], "--nproc=0"),
 ])
@@ -74,12 +76,12 @@ def test_bad_arguments_are_one_line(argv, needle, capsys):
 
 def test_cli_here_writes_verdict(tmp_path, capsys):
     out = tmp_path / "v.json"
-    rc = main(["probe", "--here", "--level", "env", "--engine", "hf", "--expect-cuda", "99.9", "--json", str(out)])
+    rc = main(["probe", "--here", "--level", "env", "--engine", "hf", "--expect-cuda", "99.9", "--output", str(out)])
     v = json.loads(out.read_text())
     assert rc == 1 and v["status"] == "fail" and v["runner"]["mode"] == "here"
     assert "probe env/hf [here]: fail" in capsys.readouterr().out
 
 
 def test_image_constants_match_the_package_name():
-    assert probe_cmd.IMAGE_PROBE_DIR.endswith("/" + probe_cmd.PROBE_MODULE)
-    assert probe_cmd.IMAGE_PROBE_DIR.startswith(probe_cmd.IMAGE_PROBE_PARENT + "/")
+    assert probe_run.IMAGE_PROBE_DIR.endswith("/" + probe_run.PROBE_MODULE)
+    assert probe_run.IMAGE_PROBE_DIR.startswith(probe_run.IMAGE_PROBE_PARENT + "/")

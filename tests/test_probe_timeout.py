@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.probe_cmd import docker_exe, probe_here, probe_image
+from envbuild.probe_run import docker_exe, probe_here, probe_image
 
 HANG = "import os, time\nopen({pidfile!r}, 'w').write(str(os.getpid()))\ntime.sleep(3600)\n"
 

@@ -1,0 +1,346 @@
+"""Running the probe and turning its outcome into a record: the one path every caller takes
+(`envbuild build`, `envbuild probe`, `envbuild probe --ray`, `envbuild ci probe`, `envbuild doctor`).
+
+The probe package (builder/probe) is self-contained; for an image it is mounted read-only into
+the container at the path the Dockerfile renderer copies it to, so any image (also one built by
+someone else) is probed by this version of the probe. A probe that outlives its level's timeout is
+killed and its verdict is `timeout`, which a record counts as a failure of the stack (vocab's
+VERDICT_TO_RECORD: a stack that hangs is not usable, and an infrastructure error would let an
+earlier "works" stand). A broken stack never raises here; only bad arguments do.
+
+A verdict is reused when nothing it depends on changed: the image's content (its image ID, a
+digest of its config and layers), the probe's code, the level, the engine, what it expects and
+whether a GPU is present. The record then says which run it was reused from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from .errors import InputError
+from .fsutil import write_json_atomic
+from .paths import cache_dir
+from .record import Record, iter_records, latest, machine_info, write_record
+from .vocab import ENGINES, FAIL, LEVELS, OK, RECORD_ERROR, RECORD_FAIL, TIMEOUT, VERDICT_TO_RECORD, cuda_version
+
+# Where the renderer puts things inside images (dockerfiles/ uses these constants).
+IMAGE_PROBE_PARENT = "/opt/envbuild"
+PROBE_MODULE = "envbuild_probe"
+IMAGE_PROBE_DIR = f"{IMAGE_PROBE_PARENT}/{PROBE_MODULE}"
+IMAGE_PYTHON = "/opt/venv/bin/python"
+PROBE_SRC = Path(__file__).resolve().parent / "probe"
+
+# Seconds per level: imports of a big stack take a minute on a slow disk; an engine start takes more.
+DEFAULT_TIMEOUT = {"env": 300.0, "contract": 600.0, "gpu": 900.0}
+EXPECT_KEYS = ("cuda", "torch", "engine_version", "verl")
+STOP = (FAIL, TIMEOUT, "error")  # a level with this status ends the run: later levels build on it
+
+
+def docker_exe(docker: str = "docker") -> str:
+    """Debian's client (has BuildKit here); /usr/local/bin/docker may be a newer client without."""
+    if docker == "docker" and os.path.exists("/usr/bin/docker"):
+        return "/usr/bin/docker"
+    return docker
+
+
+def gpu_present() -> bool:
+    if os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl"):
+        return True
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return False
+    try:
+        return subprocess.run([exe, "-L"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+# ---------------------------------------------------------------- what the probe checks
+
+
+def expect_of(combo) -> dict:
+    """The one builder of what the probe checks an image against (a Combo or its dict).
+    CUDA goes as the probe reads torch.version.cuda: 12.4."""
+    d = combo if isinstance(combo, dict) else combo.to_dict()
+    out = {"cuda": cuda_version(d["cuda"]) if d.get("cuda") else "", "torch": d.get("torch"),
+           "engine_version": d.get("engine_version"), "verl": d.get("verl")}
+    return {k: v for k, v in out.items() if v and v != "?"}
+
+
+def probe_args(level: str, engine: str, expect: dict) -> list[str]:
+    if level not in LEVELS:
+        raise InputError("command line", None, "level", level, f"not one of {', '.join(LEVELS)}")
+    if engine not in ENGINES:
+        raise InputError("command line", None, "engine", engine, f"not one of {', '.join(ENGINES)}")
+    unknown = set(expect) - set(EXPECT_KEYS)
+    if unknown:
+        raise InputError("command line", None, "expect", sorted(unknown), f"unknown key(s); known: {', '.join(EXPECT_KEYS)}")
+    args = ["--level", level, "--engine", engine]
+    for k in EXPECT_KEYS:
+        if expect.get(k):
+            args += [f"--expect-{k.replace('_', '-')}", str(expect[k])]
+    return args
+
+
+# ---------------------------------------------------------------- launchers
+
+
+def _launcher(python: str, nproc: int) -> list[str]:
+    if nproc > 1:
+        return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", PROBE_MODULE]
+    return [python, "-m", PROBE_MODULE]
+
+
+def outcome(level: str, engine: str, expect: dict, status: str, cause: str, detail: str) -> dict:
+    """A verdict the probe could not write itself (timeout, crash, docker error)."""
+    return {"schema": 1, "level": level, "engine": engine, "expect": expect, "status": status, "cause": cause,
+            "checks": [{"name": "probe-run", "level": level, "status": status, "detail": detail[-2000:],
+                        "cause": cause, "seconds": 0.0}], "versions": {}, "timings": {}, "gpu": {},
+            "peak_gpu_mem": None, "metrics": {}}
+
+
+def _run(cmd: list[str], timeout: float, env: dict | None, on_timeout,
+         cwd: str | None = None) -> tuple[int | None, str, str, float]:
+    """Run in its own process group; on timeout kill the group (torchrun's children too)."""
+    t0 = time.monotonic()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         start_new_session=True, cwd=cwd)
+    try:
+        out, err = p.communicate(timeout=timeout)
+        return p.returncode, out, err, time.monotonic() - t0
+    except subprocess.TimeoutExpired:
+        on_timeout(p)
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        out, err = p.communicate()
+        return None, out, err, time.monotonic() - t0
+
+
+def _finish(out_json: Path, rc: int | None, out: str, err: str, wall: float, level: str, engine: str,
+            expect: dict, timeout: float, runner: dict) -> dict:
+    if rc is None:
+        v = outcome(level, engine, expect, TIMEOUT, "timeout",
+                    f"killed after {timeout:.0f}s; last output:\n{(out + err)[-1500:]}")
+    elif out_json.is_file():
+        try:
+            v = json.loads(out_json.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            v = outcome(level, engine, expect, "error", "bad-verdict", f"unreadable verdict: {e}")
+    else:
+        v = outcome(level, engine, expect, "error", "no-verdict",
+                    f"probe exited {rc} without a verdict:\n{(out + err)[-1500:]}")
+    v["runner"] = {**runner, "exit_code": rc, "wall_seconds": round(wall, 3), "timeout": timeout,
+                   "stderr_tail": err[-3000:]}
+    return v
+
+
+def probe_image(image: str, *, level: str, engine: str, expect: dict, timeout: float | None = None,
+                docker: str = "docker", nproc: int = 1, gpus: bool | None = None, mount_probe: bool = True,
+                python: str = IMAGE_PYTHON, pull: str = "missing") -> dict:
+    """Probe IMAGE in a throw-away container; returns the verdict dict (never raises for a broken stack)."""
+    timeout = float(timeout or DEFAULT_TIMEOUT[level])
+    exe = docker_exe(docker)
+    name = f"envbuild-probe-{secrets.token_hex(5)}"
+    with tempfile.TemporaryDirectory(prefix="envbuild-probe-") as tmp:
+        os.chmod(tmp, 0o777)  # the image may run as another user
+        cmd = [exe, "run", "--rm", "--pull", pull, "--name", name, "--network", "host", "--read-only",
+               "--tmpfs", "/tmp:rw,exec,size=4g", "--shm-size", "2g", "-e", "HOME=/tmp", "-w", "/tmp",
+               "-e", f"PYTHONPATH={IMAGE_PROBE_PARENT}", "-e", "PYTHONDONTWRITEBYTECODE=1",
+               "-v", f"{tmp}:/out", "--entrypoint", python]
+        if mount_probe:
+            cmd[-2:-2] = ["-v", f"{PROBE_SRC}:{IMAGE_PROBE_DIR}:ro"]
+        if gpus if gpus is not None else gpu_present():
+            cmd[3:3] = ["--gpus", "all"]
+        launcher = _launcher(python, nproc)[1:]  # the entrypoint is the python
+        cmd += [image, *launcher, *probe_args(level, engine, expect), "--json", "/out/verdict.json",
+                "--scratch", "/tmp"]
+
+        def kill(_p):
+            subprocess.run([exe, "kill", name], capture_output=True, timeout=60)
+            subprocess.run([exe, "rm", "-f", name], capture_output=True, timeout=60)
+
+        try:
+            rc, out, err, wall = _run(cmd, timeout, None, kill)
+        except FileNotFoundError as e:
+            return outcome(level, engine, expect, "error", "no-docker", f"{exe}: {e}")
+        if rc == 125 or (rc in (126, 127) and not (Path(tmp) / "verdict.json").exists()):
+            # docker itself failed (no such image, daemon error): infrastructure, not a verdict
+            v = outcome(level, engine, expect, "error", "docker-error", (err or out)[-2000:])
+            v["runner"] = {"mode": "image", "image": image, "exit_code": rc, "cmd": cmd}
+            return v
+        return _finish(Path(tmp) / "verdict.json", rc, out, err, wall, level, engine, expect, timeout,
+                       {"mode": "image", "image": image, "cmd": cmd})
+
+
+def probe_here(*, level: str, engine: str, expect: dict, timeout: float | None = None, nproc: int = 1,
+               python: str | None = None, extra_env: dict | None = None) -> dict:
+    """Probe this Python environment (or `python`) in a child process, killed at its timeout."""
+    timeout = float(timeout or DEFAULT_TIMEOUT[level])
+    python = python or sys.executable
+    with tempfile.TemporaryDirectory(prefix="envbuild-probe-") as tmp:
+        # The image layout in miniature: <tmp>/envbuild_probe -> builder/probe, whatever envbuild's install.
+        os.symlink(PROBE_SRC, os.path.join(tmp, PROBE_MODULE))
+        env = {**os.environ, **(extra_env or {})}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (tmp, env.get("PYTHONPATH")) if p)
+        out_json = Path(tmp) / "verdict.json"
+        cmd = [*_launcher(python, nproc), *probe_args(level, engine, expect), "--json", str(out_json)]
+        # cwd: `python -m` puts it first on sys.path; a source checkout there would leak into the probe
+        rc, out, err, wall = _run(cmd, timeout, env, lambda p: None, cwd=tmp)
+        return _finish(out_json, rc, out, err, wall, level, engine, expect, timeout,
+                       {"mode": "here", "python": python, "cmd": cmd})
+
+
+# ---------------------------------------------------------------- reuse by content
+
+
+@lru_cache(maxsize=1)
+def probe_code_hash() -> str:
+    """sha256 over the probe package's sources: a changed probe re-probes."""
+    h = hashlib.sha256()
+    for f in sorted(PROBE_SRC.rglob("*.py")):
+        h.update(f.relative_to(PROBE_SRC).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def reuse_key(image_id: str, level: str, engine: str, expect: dict, gpu: bool) -> str:
+    blob = json.dumps({"image": image_id, "probe": probe_code_hash(), "level": level, "engine": engine,
+                       "expect": expect, "gpu": gpu}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class VerdictCache:
+    """Verdicts by reuse key, in the user's cache dir. Only verdicts of the stack (pass, fail,
+    needs-gpu) are kept: an error or a timeout may be the machine's and is always run again."""
+
+    KEEP = ("pass", "fail", "needs-gpu")
+
+    def __init__(self, root: Path | None = None):
+        self.root = Path(root) if root else cache_dir() / "verdicts"
+
+    def get(self, key: str) -> dict | None:
+        try:
+            return json.loads((self.root / f"{key}.json").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def put(self, key: str, verdict: dict, run_id: str) -> None:
+        if verdict.get("status") in self.KEEP:
+            write_json_atomic(self.root / f"{key}.json", {**verdict, "probed_in_run": run_id})
+
+
+# ---------------------------------------------------------------- levels, and the record they make
+
+
+@dataclass
+class Target:
+    """What to probe: an image reference and, when known, its content (docker image ID)."""
+    ref: str
+    engine: str
+    expect: dict
+    image_id: str | None = None
+
+
+def probe_levels(t: Target, levels, *, timeout: float | None = None, probe_fn=None,
+                 cache: VerdictCache | None = None, run_id: str = "", on_level=None) -> dict:
+    """{level: verdict} for the levels in order, stopping at the first that fails, times out or
+    errs (the next level builds on it). `probe_fn` defaults to probe_image; a verdict found in
+    `cache` under the same reuse key is returned with `reused_from` instead of running."""
+    probe_fn = probe_fn or probe_image
+    gpu = gpu_present() if cache is not None and t.image_id else False
+    out: dict[str, dict] = {}
+    for lv in levels:
+        if on_level:
+            on_level(lv)
+        key = reuse_key(t.image_id, lv, t.engine, t.expect, gpu) if cache is not None and t.image_id else None
+        hit = cache.get(key) if key else None
+        if hit is not None:
+            v = {**hit, "reused_from": hit.pop("probed_in_run", None) or "an earlier run"}
+        else:
+            v = probe_fn(t.ref, level=lv, engine=t.engine, expect=t.expect, timeout=timeout)
+            if key:
+                cache.put(key, v, run_id)
+        out[lv] = v
+        if v.get("status") in STOP:
+            break
+    return out
+
+
+def record_status(verdicts: dict) -> tuple[str, str | None, str]:
+    """A record's (status, cause, detail) from its level verdicts, by vocab.VERDICT_TO_RECORD:
+    the first failing level decides; error (infrastructure) only when nothing failed."""
+    first: dict[str, tuple[str, dict]] = {}
+    for lv, v in verdicts.items():
+        first.setdefault(VERDICT_TO_RECORD.get(v.get("status"), RECORD_ERROR), (lv, v))
+    st = next((s for s in (RECORD_FAIL, RECORD_ERROR) if s in first), OK)
+    if st == OK:
+        return OK, None, ""
+    lv, v = first[st]
+    want = v.get("status")
+    cause = v.get("cause") or (TIMEOUT if want == TIMEOUT else f"probe-{want}")
+    bad = [f"{c.get('name')}: {c.get('detail', '')}".strip() for c in v.get("checks", [])
+           if c.get("status") in (FAIL, TIMEOUT, "error")]
+    return st, cause, (f"probe level {lv}: {want}\n" + "\n".join(bad))[:4000]
+
+
+def probe_seconds(verdicts: dict) -> float:
+    return round(sum(float((v.get("runner") or {}).get("wall_seconds") or 0) for v in verdicts.values()), 3)
+
+
+# ---------------------------------------------------------------- images recorded in a results folder
+
+
+@dataclass
+class ProbeJob:
+    """An image a results folder records for a combination, to probe again (ci probe, --ray)."""
+    combo: dict
+    image: dict  # the build record's image: ref, digest ("repo@sha256:..."), id, ...
+    base: dict | None = None
+    lock_hash: str | None = None
+
+    @property
+    def ref(self) -> str:
+        return self.image.get("digest") or self.image.get("ref")
+
+    def target(self) -> Target:
+        return Target(self.ref, self.combo["engine"], expect_of(self.combo), self.image.get("id"))
+
+
+def jobs_from_results(results: str | os.PathLike, combos) -> tuple[list[ProbeJob], list[str]]:
+    """(jobs, ids without an image) for the planned combinations."""
+    newest = latest(iter_records(results), with_image=True)
+    jobs, missing = [], []
+    for c in combos:
+        r = newest.get(c.id)
+        if r is None:
+            missing.append(c.id)
+        else:
+            jobs.append(ProbeJob(dict(r.combo), dict(r.image), r.base, r.lock_hash))
+    return jobs, missing
+
+
+def record_probe(results: str | os.PathLike, job: ProbeJob, verdicts: dict, *, machine: dict | None = None,
+                 extra_detail: str = "", status: str | None = None, cause: str | None = None) -> Record:
+    """Write the record of a probe of an already built image (status from the verdicts unless given)."""
+    st, cs, detail = record_status(verdicts)
+    if status is not None:
+        st, cs = status, cause
+    detail = "\n".join(x for x in (detail, extra_detail) if x)
+    rec = Record(combo=job.combo, stage="probe", status=st, cause=cs, detail=detail[:4000], base=job.base,
+                 image=job.image, lock_hash=job.lock_hash, probe=dict(verdicts), machine=machine or machine_info())
+    rec.timings = {"probe": probe_seconds(verdicts)}
+    write_record(results, rec)
+    return rec
