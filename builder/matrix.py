@@ -38,7 +38,10 @@ PYTHON_RE = re.compile(r"3\.\d{1,2}\Z", re.ASCII)
 ENGINE_RE = re.compile("(?:" + "|".join(ENGINES) + r")\Z")
 MAX_STR = 256  # any other string field (specifiers, reasons, image references)
 # A matrix is a few KB; these bounds stop hostile YAML long before it costs time or memory.
-MATRIX_MAX_BYTES, MATRIX_MAX_DEPTH, MATRIX_MAX_NODES = 256 * 1024, 16, 20_000
+MATRIX_MAX_BYTES, MATRIX_MAX_DEPTH, MATRIX_MAX_NODES = 256 * 1024, 16, 5_000
+# Axes multiply: 5,000 nodes could ask for 10^7 combinations. Planning 10^5 takes ~1 s
+# (bench/plan_speed.py); twice that is the most a matrix may expand to.
+MAX_RAW_COMBINATIONS = 200_000
 
 
 # --------------------------------------------------------------------------- data classes
@@ -281,6 +284,10 @@ def load_matrix(path: str | Path) -> Matrix:
         if "cuda" in d and d["cuda"] not in cuda:
             c.fail(p + ("cuda",), d["cuda"], f"unknown CUDA variant (the matrix declares {', '.join(cuda)})")
         include.append(d)
+
+    raw = (len(verl) * sum(map(len, engines.values())) + len(include)) * len(cuda) * len(python) * len(torch or [1])
+    if raw > MAX_RAW_COMBINATIONS:
+        c.fail((), raw, f"the axes expand to {raw} combinations, more than {MAX_RAW_COMBINATIONS}: split the matrix")
 
     exclude = []
     for i, ex in enumerate(c.optional_list(data.get("exclude"), ("exclude",))):

@@ -257,6 +257,11 @@ HOSTILE = [
     ("control character", REAL.replace("grace_days: 14", "grace_days: 1\x074"), "yaml", "not allowed"),
     ("schema: true", REAL.replace("schema: 1", "schema: true"), "schema", "unsupported"),
     ("hf: 1", REAL.replace("hf: true", "hf: 1"), "engines.hf", "no versions"),
+    ("axes that expand to 10^7 combinations",
+     REAL.replace('verl: ["0.4.1",', "verl: [" + ", ".join(f'"0.{i}"' for i in range(1000)) + ', "0.4.1",')
+     .replace('vllm: ["0.8.4",', "vllm: [" + ", ".join(f'"1.{i}"' for i in range(2000)) + ', "0.8.4",'),
+     "top", "combinations"),
+    ("more nodes than a matrix needs", REAL + "x: [" + ", ".join(["1"] * 6000) + "]\n", "x.", "YAML nodes"),
 ]
 
 
