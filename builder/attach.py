@@ -485,6 +485,9 @@ def add_arguments(p) -> None:
     p.add_argument("--key", default=os.environ.get("ENVBUILD_SIGNING_KEY", os.path.join("keys", "envbuild.key")),
                    help="Ed25519 private key PEM (default: $ENVBUILD_SIGNING_KEY or keys/envbuild.key)")
     p.add_argument("--only", metavar="ID", action="append", help="only this combination id (repeatable)")
+    p.add_argument("--cosign-pubkey", metavar="FILE",
+                   help="also write the key's public half as PEM (SubjectPublicKeyInfo), the form "
+                        "`cosign verify-attestation --key FILE` reads")
 
 
 def run(args) -> int:
@@ -494,6 +497,15 @@ def run(args) -> int:
     if not Path(args.results).is_dir():
         raise InputError(args.results, None, "--results", args.results, "no such directory")
     signer = load_signer(args.key)
+    if args.cosign_pubkey:
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+        from .fsutil import write_atomic
+
+        raw = bytes.fromhex(public_key_of(signer).public_hex)
+        write_atomic(args.cosign_pubkey, Ed25519PublicKey.from_public_bytes(raw).public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
     records = list(iter_records(args.results))
     by_combo: dict[str, list] = {}
     for r in records:

@@ -85,18 +85,20 @@ def cyclonedx(image_name: str, digest_hex: str, py: list[PyPackage], debs: list[
     distro_q = f"&distro={distro}-{os_release['VERSION_ID']}" if os_release.get("VERSION_ID") else ""
     comps = []
     for p in py:
-        c = {"type": "library", "bom-ref": f"pkg:pypi/{p.name}@{p.version}" + ("?env=tools" if p.env == "tools" else ""),
-             "name": p.name, "version": p.version, "purl": f"pkg:pypi/{p.name}@{p.version}",
-             "hashes": [{"alg": "SHA-256", "content": h} for h in p.hashes],
+        c = {"type": "library", "name": p.name, "version": p.version, "purl": f"pkg:pypi/{p.name}@{p.version}",
              "properties": [{"name": "envbuild:layer", "value": p.layer},
                             {"name": "envbuild:environment", "value": "/opt/venv" if p.env == "venv" else "/opt/uv"}]}
+        # A lock line allows one artifact per platform (often dozens of hashes); only when it allows
+        # exactly one is that the installed file's hash. The lock files' own sha256s are in the
+        # provenance statement, which pins the whole set.
+        if len(p.hashes) == 1:
+            c["hashes"] = [{"alg": "SHA-256", "content": p.hashes[0]}]
         comps.append(c)
     for d in debs:
-        purl = f"pkg:deb/{distro}/{d.name}@{d.version}?arch={d.arch}{distro_q}"
-        c = {"type": "library", "bom-ref": purl, "name": d.name, "version": d.version, "purl": purl,
-             "properties": [{"name": "envbuild:source", "value": "dpkg-status"}]}
-        if d.source:
-            c["properties"].append({"name": "dpkg:source", "value": d.source})
+        c = {"type": "library", "name": d.name, "version": d.version,
+             "purl": f"pkg:deb/{distro}/{d.name}@{d.version}?arch={d.arch}{distro_q}"}
+        if d.source and d.source != d.name:
+            c["properties"] = [{"name": "dpkg:source", "value": d.source}]
         comps.append(c)
     return {
         "bomFormat": "CycloneDX", "specVersion": SPEC_VERSION, "version": 1,
@@ -106,7 +108,9 @@ def cyclonedx(image_name: str, digest_hex: str, py: list[PyPackage], debs: list[
             "tools": {"components": [{"type": "application", "name": "envbuild", "version": tool_version}]},
             "component": {"type": "container", "bom-ref": f"{image_name}@sha256:{digest_hex}",
                           "name": image_name, "version": f"sha256:{digest_hex}",
-                          "properties": [{"name": "envbuild:os", "value": os_release.get("PRETTY_NAME", distro)}]},
+                          "properties": [{"name": "envbuild:os", "value": os_release.get("PRETTY_NAME", distro)},
+                                         {"name": "envbuild:sources", "value": "layer locks (pkg:pypi), "
+                                          "/var/lib/dpkg/status (pkg:deb)"}]},
         },
         "components": comps,
     }
@@ -116,7 +120,7 @@ def summary(bom: dict, keys: tuple[str, ...] = ("torch", "vllm", "sglang", "verl
                                                     "transformers")) -> dict:
     """What `envbuild verify` prints: counts and the versions that matter."""
     py = [c for c in bom.get("components", []) if str(c.get("purl", "")).startswith("pkg:pypi/")
-          and not str(c.get("bom-ref", "")).endswith("?env=tools")]
+          and {"name": "envbuild:environment", "value": "/opt/venv"} in (c.get("properties") or [])]
     deb = [c for c in bom.get("components", []) if str(c.get("purl", "")).startswith("pkg:deb/")]
     versions = {c["name"]: c.get("version") for c in py if c.get("name") in keys}
     os_name = next((p.get("value") for p in (bom.get("metadata", {}).get("component", {}).get("properties") or [])

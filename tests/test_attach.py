@@ -99,6 +99,10 @@ def test_sbom_is_exact_from_locks_and_dpkg():
     py = {p.name: p for p in sbom.python_packages([("torch", LOCK_TORCH), ("verl", LOCK_VERL)])}
     assert py["numpy"].version == "2.0.1" and py["numpy"].layer == "verl"  # a later layer's pin wins
     assert py["numpy"].hashes == ("d" * 64, "e" * 64)
+    bom = sbom.cyclonedx("r", "0" * 64, list(py.values()), [], {}, "t", "0")
+    by = {c["name"]: c for c in bom["components"]}
+    assert "hashes" not in by["numpy"]  # two allowed artifacts: neither is "the" hash
+    assert by["torch"]["hashes"] == [{"alg": "SHA-256", "content": "a" * 64}]
     debs = sbom.parse_dpkg_status(DPKG)
     assert [(d.name, d.version, d.source) for d in debs] == [("libc6", "2.36-9+deb12u7", "glibc"),
                                                              ("python3.11", "3.11.2-6", None)]
@@ -300,5 +304,33 @@ def test_verify_cli_exit_codes(keys, capsys):
         missing = ref.split("@")[0] + "@sha256:" + "0" * 64
         assert main(["verify", missing, "--pubkey", str(pub)]) != 0
         assert "no such image" in capsys.readouterr().err
+    finally:
+        reg.close()
+
+
+def test_pick_verify_attestations(keys, tmp_path, capsys, monkeypatch):
+    from table_fixtures import combo, passed, rec, write_all
+
+    from envbuild.cli import main
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))  # pick's trust store, not the user's
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    priv, pub, _ = keys
+    reg = FakeRegistry(referrers=False)
+    try:
+        ref, digest = _image(reg)
+        img = {"ref": ref.split("@")[0] + ":t1", "id": "sha256:" + "1" * 64, "content_hash": "c" * 16,
+               "digest": ref, "size": 1}
+        write_all(tmp_path / "results", [rec(combo(), passed("env", "contract"), img=img)])
+        assert main(["publish", "--results", str(tmp_path / "results"), "--key", str(priv),
+                     "--out", str(tmp_path / "table")]) == 0
+        args = ["pick", "--table", str(tmp_path / "table"), "--pubkey", str(pub), "--verify-attestations"]
+        capsys.readouterr()
+        assert main(args) != 0  # the table says verified, but the image carries no attestation
+        assert "no valid test-result attestation" in capsys.readouterr().err
+        attach.attach_all(ref, statements_for(ref.split("@")[0], digest), priv)
+        assert main(args) == 0
+        out, err = capsys.readouterr()
+        assert out.strip() == ref and "tested:" in err
     finally:
         reg.close()

@@ -113,9 +113,11 @@ def test_attach_verify_and_refusals(env, tmp_path, capsys):
     assert main(["verify", pinned_a, "--pubkey", str(pub)]) != 0
     assert "no valid test-result attestation" in capsys.readouterr().err
 
-    assert main(["attach", "--results", str(results), "--key", str(priv)]) == 0
+    pem = tmp_path / "cosign.pub"
+    assert main(["attach", "--results", str(results), "--key", str(priv), "--cosign-pubkey", str(pem)]) == 0
     out = capsys.readouterr().out
     assert f"attached test-result, sbom, provenance to {pinned_a}" in out
+    assert pem.read_text().startswith("-----BEGIN PUBLIC KEY-----")
 
     assert main(["verify", pinned_a, "--pubkey", str(pub)]) == 0
     out = capsys.readouterr().out
