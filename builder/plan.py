@@ -7,6 +7,7 @@ import sys
 
 from .index import Metadata, snapshot
 from .matrix import add_selector_args, matrix_from_args, plan_from_args  # noqa: F401 - plan_from_args re-exported
+from .paths import metadata_snapshot_for_write
 
 
 def add_arguments(p) -> None:
@@ -60,5 +61,6 @@ def _refresh(args, meta) -> None:
                 if pin:
                     torches.add(pin)
     keys += [("torch", t) for t in sorted(torches)]
-    path = snapshot(meta, keys, meta.snapshot_path)
+    # Next to the bundled matrix in a checkout (committed); the user's data dir for an install.
+    path = snapshot(meta, keys, metadata_snapshot_for_write())
     print(f"recorded metadata of {len(keys)} releases in {path}", file=sys.stderr)

@@ -1,31 +1,62 @@
-"""`pip install .` (a real wheel, not the source tree) gives a CLI that finds the matrix and templates."""
+"""Packaging as a user meets it: sdist -> wheel (built from the sdist, not the tree) -> a fresh
+venv without pip -> `envbuild plan` works, finds its bundled data, and writes no state into
+site-packages."""
 
+import os
 import subprocess
 import sys
+import tarfile
+from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _uv() -> str:
+    from envbuild.index import uv_exe  # the uv envbuild itself runs (a dependency)
+
+    return uv_exe()
+
 
 @pytest.mark.slow
-def test_wheel_install_finds_default_matrix_and_templates(tmp_path):
-    from pathlib import Path
+@pytest.mark.network
+def test_sdist_builds_a_wheel_that_runs_in_a_venv_without_pip(tmp_path):
+    uv = _uv()
+    dist = tmp_path / "dist"
+    p = subprocess.run([uv, "build", "--sdist", "--out-dir", str(dist), str(ROOT)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-2000:]
+    (sdist,) = dist.glob("envbuild-*.tar.gz")
+    names = tarfile.open(sdist).getnames()
+    assert any(n.endswith("/matrix/verl.yaml") for n in names) and any(n.endswith("/dockerfiles/Dockerfile.j2") for n in names)
+    # the wheel from the sdist (what pip does with an sdist from an index)
+    p = subprocess.run([uv, "build", "--wheel", "--out-dir", str(dist), str(sdist)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-2000:]
+    (wheel,) = dist.glob("envbuild-*.whl")
 
-    root = Path(__file__).resolve().parent.parent
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(venv)], check=True)
     py = venv / "bin" / "python"
-    # --no-deps: the dependencies come from the outer environment; what is tested is the wheel.
-    p = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(root)],
-                       capture_output=True, text=True, cwd=tmp_path)
-    assert p.returncode == 0, p.stderr
-    where = subprocess.run([str(py), "-c", "import envbuild, envbuild.paths as p; print(envbuild.__file__);"
-                            "print(p.default_matrix()); print(p.templates_dir())"],
-                           capture_output=True, text=True, cwd=tmp_path)
-    assert where.returncode == 0, where.stderr
-    mod, matrix, templates = where.stdout.split()
-    assert str(venv) in mod and str(venv) in matrix and str(venv) in templates  # not the source tree
-    out = subprocess.run([str(venv / "bin" / "envbuild"), "plan", "--cuda", "cu124", "--vllm", "0.8.4", "--json"],
-                         capture_output=True, text=True, cwd=tmp_path)
+    assert subprocess.run([str(py), "-c", "import pip"], capture_output=True).returncode != 0  # really pip-less
+    p = subprocess.run([uv, "pip", "install", "-q", "--python", str(py), str(wheel)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-2000:]
+
+    home = tmp_path / "home"
+    env = {**os.environ, "HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"),
+           "XDG_DATA_HOME": str(home / ".local/share"), "VIRTUAL_ENV": str(venv)}
+    env.pop("ENVBUILD_CACHE", None)
+    site = Path(subprocess.run([str(py), "-c", "import envbuild, os; print(os.path.dirname(envbuild.__file__))"],
+                               capture_output=True, text=True, check=True, env=env, cwd=tmp_path).stdout.strip())
+    assert str(venv) in str(site)
+    before = {q for q in site.rglob("*") if "__pycache__" not in q.parts}
+    out = subprocess.run([str(venv / "bin" / "envbuild"), "plan", "--cuda", "12.4", "--vllm", "0.8.4", "--json"],
+                         capture_output=True, text=True, cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr
-    assert '"torch": "2.6.0"' in out.stdout
-    assert (Path(templates) / "Dockerfile.j2").is_file()
+    assert '"torch": "2.6.0"' in out.stdout and "Traceback" not in out.stderr
+    # state goes to the user's dirs, never into the installed package
+    out = subprocess.run([str(venv / "bin" / "envbuild"), "plan", "--cuda", "cu124", "--vllm", "0.8.4", "--verl", "0.4.1",
+                          "--refresh-metadata"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    assert (home / ".local/share/envbuild/metadata.json").is_file()
+    after = {q for q in site.rglob("*") if "__pycache__" not in q.parts}
+    assert after == before
