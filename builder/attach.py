@@ -157,7 +157,8 @@ def attach_all(image_ref: str, statements: list[dict], key, registry: Registry |
     mdigests = []
 
     # OCI 1.1 referrers, where the registry serves them.
-    has_referrers = reg.referrers(name, digest) is not None
+    before = reg.referrers(name, digest)
+    has_referrers = before is not None
     if has_referrers:
         empty = reg.put_blob(name, b"{}", EMPTY_MEDIA_TYPE)
         added += empty.size
@@ -172,6 +173,15 @@ def attach_all(image_ref: str, statements: list[dict], key, registry: Registry |
             reg.put_manifest(name, md, m)
             mdigests.append(md)
             added += len(m)
+        # Our earlier statements of the same kinds are superseded: remove them where the registry
+        # allows deletes (verify would otherwise still read, and rely on, the newest by date).
+        ours = {k.artifact_type for k, _ in envelopes}
+        for desc in before or []:
+            if desc.get("artifactType") in ours and desc.get("digest") not in mdigests:
+                try:
+                    reg.delete_manifest(name, desc["digest"])
+                except InfraError:
+                    pass  # a registry that refuses deletes keeps them; verify reads the newest
     return AttachResult(image_ref, has_referrers, tag, [k.name for k, _ in envelopes], added, mdigests)
 
 
@@ -490,10 +500,26 @@ def add_arguments(p) -> None:
                         "`cosign verify-attestation --key FILE` reads")
 
 
-def run(args) -> int:
+def attach_results(results: str | Path, signer, only: list[str] | None = None, engine=None):
+    """Attach the statements of every pushed image in a results folder (the publish hook:
+    `for _ in attach_results(results, signer): pass` after the table is written). Yields
+    (combination id, AttachResult) as each image is done."""
     from .record import iter_records
     from .table import fold
 
+    records = list(iter_records(results))
+    by_combo: dict[str, list] = {}
+    for r in records:
+        by_combo.setdefault((r.combo or {}).get("id"), []).append(r)
+    for table_row in fold(records):
+        row = table_row.to_dict() if hasattr(table_row, "to_dict") else table_row
+        if (only and row["id"] not in only) or not (row.get("image") or {}).get("pinned"):
+            continue
+        stmts = statements_for(table_row, by_combo[row["id"]], results, engine)
+        yield row["id"], attach_all(row["image"]["pinned"], stmts, signer)
+
+
+def run(args) -> int:
     if not Path(args.results).is_dir():
         raise InputError(args.results, None, "--results", args.results, "no such directory")
     signer = load_signer(args.key)
@@ -506,21 +532,10 @@ def run(args) -> int:
         raw = bytes.fromhex(public_key_of(signer).public_hex)
         write_atomic(args.cosign_pubkey, Ed25519PublicKey.from_public_bytes(raw).public_bytes(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
-    records = list(iter_records(args.results))
-    by_combo: dict[str, list] = {}
-    for r in records:
-        by_combo.setdefault((r.combo or {}).get("id"), []).append(r)
     n, total = 0, 0
-    for table_row in fold(records):
-        row = table_row.to_dict() if hasattr(table_row, "to_dict") else table_row
-        if args.only and row["id"] not in args.only:
-            continue
-        if not (row.get("image") or {}).get("pinned"):
-            continue
-        stmts = statements_for(table_row, by_combo[row["id"]], args.results)
-        res = attach_all(row["image"]["pinned"], stmts, signer)
+    for row_id, res in attach_results(args.results, signer, args.only):
         where = f"tag {res.tag}" + (" + OCI referrers" if res.referrers else "")
-        print(f"{row['id']}: attached {', '.join(res.kinds)} to {res.image} ({where}; {res.bytes_added} bytes)")
+        print(f"{row_id}: attached {', '.join(res.kinds)} to {res.image} ({where}; {res.bytes_added} bytes)")
         n, total = n + 1, total + res.bytes_added
     print(f"{n} image(s), {total} bytes attached, signed by keyid {public_key_of(signer).keyid}",
           file=sys.stderr)

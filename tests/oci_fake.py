@@ -132,6 +132,9 @@ class FakeRegistry:
                     return self._send(404)
                 if self.command == "DELETE":
                     del reg.manifests[digest]
+                    for subs in reg.subjects.values():
+                        if digest in subs:
+                            subs.remove(digest)
                     for k in [k for k, v in reg.tags.items() if v == digest]:
                         del reg.tags[k]
                     return self._send(202)

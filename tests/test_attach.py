@@ -125,10 +125,18 @@ def test_attach_then_verify(reg, keys, capsys):
         assert all(m["subject"]["digest"] == digest for m in subs)
     else:
         assert not reg.subjects
+    # a later attach (a new probe run) supersedes ours: the tag keeps 3 layers, the referrers 3 manifests
+    stmts = statements_for(ref.split("@")[0], digest)
+    stmts[0]["predicate"]["envbuild"]["levels"]["gpu"] = {"status": "pass", "created": "2026-12-03T00:00:00Z"}
+    attach.attach_all(ref, stmts, priv)
+    att = json.loads(reg.manifests[reg.tags[("envbuild/verl", res.tag)]][0])
+    assert len(att["layers"]) == 3
+    assert len(reg.subjects.get(digest, [])) == (3 if reg.referrers_api else 0)
     rep = attach.verify_image(ref, pub)
     assert set(rep.checked) == {"test-result", "sbom", "provenance"}
     text = "\n".join(attach.describe(rep))
-    assert "best level contract" in text and "env pass" in text and "gpu needs-gpu" in text
+    assert "gpu pass (2026-12-03T00:00:00Z)" in text
+    assert "best level contract" in text and "env pass" in text
     assert "4 Python packages" not in text and "3 Python packages" in text  # torch, numpy, verl
     assert "2 Debian packages" in text and "torch 2.6.0" in text and "verl 0.4.1" in text
     assert ("OCI referrers" in text) is reg.referrers_api
