@@ -1,14 +1,27 @@
 """`envbuild lock`: hash-pinned, era-consistent locks, one per image layer.
 
-Each combination is resolved in layers, least volatile first: torch (with its CUDA wheels),
-then the engine, then verl. Every layer is a full `uv pip compile` of everything up to it,
-"as of" its era (`--exclude-newer` = newest pinned release + grace), seeded with the layer
-below as preferences; the layer installs only what differs from the layer below. So:
-- satisfiability is decided by a real, whole resolution (never by the layering);
-- the torch layer depends only on (CUDA variant, torch, Python, platform) and the engine layer
-  only on that plus the engine: combinations that share them share identical layer files, and
-  so identical image layers;
-- the full lock of a combination is the union of its layers.
+A combination has one era: its newest pinned release (torch, engine, verl) + grace. It is
+resolved once, whole, as of that era (`uv pip compile --exclude-newer`), exactly as someone
+installing that stack on that day would have got it; the layers are then cut out of that one
+resolution, least volatile first, and never change a pin of it:
+- torch: torch and what torch pins exactly (`==`: its CUDA wheels, triton) - a function of
+  (CUDA variant, torch, Python, platform) alone, so combinations that share those share the
+  heavy layer byte for byte;
+- engine: the engine and what it pins exactly (torchvision, xformers, ...);
+- verl: verl and everything else (the packages that float with the era).
+The full lock is the union of the layers.
+
+The era is a way to reproduce a day, not a fact about compatibility: when uv's explanation says
+a package was filtered by the cutoff (every release of it on the index is newer: deleted and
+uploaded again, say), the cutoff is lifted for that package only, the lift is recorded
+("X taken from <date>: ..."), and `unsatisfiable` is said only of what fails without it.
+
+Packages that have no wheel for the image's platform are built from source at install time;
+the lock lists them and writes build constraints (the same resolution's pins plus the common
+build backends as of the era) so that their builds stay inside the lock, or refuses them
+(`--no-build`, with `--allow-build NAME` exceptions).
+
+Index URLs (which may carry credentials) reach uv through its environment, never its argv.
 Results, including an `unsatisfiable` verdict, are cached by the hash of their inputs: a second
 lock of the same plan does no network work.
 """
@@ -20,24 +33,40 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
+import threading
+import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from packaging.requirements import Requirement
+from packaging.tags import compatible_tags, cpython_tags
+from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.version import Version
+
 from .errors import EnvbuildError, InfraError
 from .fsutil import write_atomic, write_json_atomic
-from .index import Metadata, TorchSource, redact, torch_source
+from .index import Metadata, TorchSource, default_index_url, redact, torch_source, uv_exe
 from .matrix import Combo, Matrix
 
 LAYERS = ("torch", "engine", "verl")
+# Build backends an sdist commonly asks for; pinned as of the era in the build constraints.
+BUILD_BACKENDS = ("setuptools", "wheel", "hatchling", "flit-core", "poetry-core", "setuptools-scm",
+                  "packaging", "cython", "ninja", "cmake", "scikit-build-core", "pybind11")
+MAX_RELAX = 12  # lifts of the cutoff for one combination; each is one more resolution
 
 # uv's messages -> our classes. An unreachable index is infrastructure, never a verdict.
 _NET_RE = re.compile(r"(error sending request|Could not connect|connection (refused|reset)|dns error|"
                      r"timed out|Failed to fetch|failed to lookup address|tls|certificate|"
                      r"Network unreachable|HTTP status server error|status code 5\d\d)", re.I)
+# uv's hint when the era cutoff hid what a requirement needs.
+_FILTERED_RE = re.compile(r"`([A-Za-z0-9_.\-]+)` was filtered by `exclude-newer` to only include packages uploaded "
+                          r"before [^.]*\.(?: The latest version satisfying the requirement is v?(\S+), published "
+                          r"at (\d{4}-\d\d-\d\d))?")
 
 
 @dataclass
@@ -53,7 +82,7 @@ class LayerLock:
 @dataclass
 class LockResult:
     combo: Combo
-    status: str  # ok | unsatisfiable | index-unreachable | lock-error
+    status: str  # ok | unsatisfiable | needs-build | index-unreachable | lock-error
     detail: str = ""
     layers: list[LayerLock] = field(default_factory=list)
     lock_hash: str | None = None
@@ -62,7 +91,9 @@ class LockResult:
     torch_index: str = "default"  # "default" or the (redacted) PyTorch index URL
     cached: bool = False
     tools: str = ""  # hashed lock of the build tools (uv) that install the layers
-
+    relaxed: list[str] = field(default_factory=list)  # "X taken from <date>: ..." (era artefacts lifted)
+    built_from_source: list[str] = field(default_factory=list)  # name==version without a usable wheel
+    build_constraints: str = ""  # pins for the builds of those sdists ("" when none)
 
     @property
     def ok(self) -> bool:
@@ -78,20 +109,8 @@ def _sha(data: str | bytes) -> str:
     return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
 
 
-def _uv() -> str:
-    exe = shutil.which("uv")
-    if exe:
-        return exe
-    try:
-        from uv import find_uv_bin
-
-        return find_uv_bin()
-    except Exception as e:  # noqa: BLE001
-        raise EnvbuildError(f"uv not found ({e}); install envbuild's dependencies") from None
-
-
 def _uv_version() -> str:
-    out = subprocess.run([_uv(), "--version"], capture_output=True, text=True)
+    out = subprocess.run([uv_exe(), "--version"], capture_output=True, text=True)
     return out.stdout.strip()
 
 
@@ -102,6 +121,37 @@ def era(dates: list[str], grace_days: int) -> str:
 
 def platform_tag(glibc: str) -> str:
     return f"x86_64-manylinux_{glibc.replace('.', '_')}"
+
+
+def _marker_env(python: str) -> dict:
+    return {"sys_platform": "linux", "platform_machine": "x86_64", "platform_system": "Linux",
+            "python_version": python, "python_full_version": f"{python}.0", "implementation_name": "cpython",
+            "platform_python_implementation": "CPython", "os_name": "posix", "platform_release": "",
+            "platform_version": "", "implementation_version": f"{python}.0"}
+
+
+def exact_pins(requires_dist: list[str], python: str, extras: tuple[str, ...] = ()) -> dict[str, str]:
+    """{name: version} of the requirements pinned with `==` that apply on the image's platform."""
+    env = _marker_env(python)
+    out = {}
+    for line in requires_dist:
+        r = Requirement(line)
+        if r.marker is not None and not any(r.marker.evaluate({**env, "extra": e}) for e in ("",) + extras):
+            continue
+        pins = [s.version for s in r.specifier if s.operator in ("==", "===") and "*" not in s.version]
+        if len(pins) == 1:
+            out[canonicalize_name(r.name)] = pins[0]
+    return out
+
+
+def explain(detail: str, width: int = 100, indent: str = "    ") -> str:
+    """uv's explanation, whole, wrapped for a terminal (its own line breaks kept)."""
+    lines = []
+    for line in detail.strip().splitlines():
+        lead = line[:len(line) - len(line.lstrip())]
+        lines += textwrap.wrap(line.strip(), width=width, initial_indent=indent + lead,
+                               subsequent_indent=indent + lead + "  ", break_on_hyphens=False) or [""]
+    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- requirement files
@@ -132,98 +182,159 @@ def parse_lock(text: str) -> dict[str, tuple[str, str]]:
     return out
 
 
-def layer_text(full: dict[str, tuple[str, str]], below: dict[str, tuple[str, str]], header: str) -> str:
+def layer_text(full: dict[str, tuple[str, str]], names, header: str) -> str:
+    """The requirements file of one layer: the blocks of `names`, as the full resolution has them."""
     lines = [header]
-    for name in sorted(full):
-        if below.get(name, (None,))[0] != full[name][0]:
-            lines.append(full[name][1].rstrip("\n"))
+    for name in sorted(names):
+        lines.append(full[name][1].rstrip("\n"))
     return "\n".join(lines) + "\n"
+
+
+def split_layers(full: dict[str, tuple[str, str]], torch_pins: dict[str, str],
+                 engine: str | None, engine_pins: dict[str, str]) -> dict[str, list[str]]:
+    """Cut one resolution into layers. A package joins the torch (engine) layer only when torch
+    (the engine) pins it exactly and the resolution has that very version, so a layer's content
+    is fixed by torch (the engine) alone and every pin stays the resolution's."""
+    def fixed(pins):
+        return {n for n, v in pins.items() if n in full and Version(full[n][0]) == Version(v)}
+
+    torch = {"torch"} | fixed(torch_pins)
+    eng = (({engine} | fixed(engine_pins)) - torch) if engine else set()
+    rest = set(full) - torch - eng
+    out = {"torch": sorted(torch)}
+    if engine:
+        out["engine"] = sorted(eng)
+    out["verl"] = sorted(rest)
+    return out
+
+
+def wheel_tags(python: str, glibc: str) -> set:
+    """The wheel tags an image with CPython `python` on glibc `glibc` (x86_64) installs."""
+    major, minor = (int(x) for x in python.split("."))
+    gmaj, gmin = (int(x) for x in glibc.split("."))
+    plats = [f"manylinux_{gmaj}_{m}_x86_64" for m in range(gmin, 4, -1)]
+    plats += ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64"]
+    return set(cpython_tags((major, minor), platforms=plats)) | set(compatible_tags((major, minor), platforms=plats))
 
 
 # --------------------------------------------------------------------------- resolving
 
 
 class Locker:
-    """Locks combinations; one instance shares its metadata and cache across a plan."""
+    """Locks combinations; one instance shares its metadata and cache across a plan (thread-safe:
+    `envbuild lock -j N` locks N combinations at once)."""
 
-    def __init__(self, matrix: Matrix, meta: Metadata | None = None, cache: Path | None = None):
+    def __init__(self, matrix: Matrix, meta: Metadata | None = None, cache: Path | None = None,
+                 no_build: bool = False, allow_build: tuple[str, ...] = ()):
         from .paths import cache_dir
 
         self.matrix = matrix
         self.meta = meta or Metadata()
         self.cache = cache or cache_dir() / "locks"
         self.cache.mkdir(parents=True, exist_ok=True)
+        self.no_build = no_build
+        self.allow_build = tuple(sorted(canonicalize_name(n) for n in allow_build))
         self._uv_version: str | None = None
+        self._lk = threading.Lock()
         self.uv_runs = 0  # how many resolutions actually ran (0 on a fully cached plan)
+        self.argv: list[list[str]] = []  # every uv command line run (tests check no secret is on it)
 
     @property
     def uv_version(self) -> str:
-        if self._uv_version is None:
-            self._uv_version = _uv_version()
-        return self._uv_version
+        with self._lk:
+            if self._uv_version is None:
+                self._uv_version = _uv_version()
+            return self._uv_version
 
-    def _stack(self, c: Combo, src: TorchSource) -> list[tuple[str, list[str], list[tuple[str, str]]]]:
-        """(layer, requirements, releases that date it) for each layer of the combination."""
+    def requirements(self, c: Combo, src: TorchSource) -> tuple[list[str], list[tuple[str, str]]]:
+        """(requirements, releases that date the combination)."""
         # A non-default variant is pinned by its local version, so no later resolution can
         # swap in the default index's build of the same release.
         torch_req = f"torch=={c.torch}" + (f"+{c.cuda}" if src.url else "")
-        layers = [("torch", [torch_req], [("torch", c.torch)])]
         reqs, dated = [torch_req], [("torch", c.torch)]
         if c.engine != "hf":
             extras = self.meta.engine_extras(c.engine, c.engine_version)
-            eng = c.engine + (f"[{','.join(extras)}]" if extras else "")
-            reqs = reqs + [f"{eng}=={c.engine_version}"]
-            dated = dated + [(c.engine, c.engine_version)]
-            layers.append(("engine", reqs, dated))
-        layers.append(("verl", reqs + [f"verl=={c.verl}"], dated + [("verl", c.verl)]))
-        return layers
+            reqs.append(c.engine + (f"[{','.join(extras)}]" if extras else "") + f"=={c.engine_version}")
+            dated.append((c.engine, c.engine_version))
+        reqs.append(f"verl=={c.verl}")
+        dated.append(("verl", c.verl))
+        return reqs, dated
 
     def lock(self, c: Combo, out_dir: str | os.PathLike | None = None) -> LockResult:
         try:
-            src = torch_source(c.cuda, c.torch, self.meta)
+            src = torch_source(c.cuda, c.torch, self.meta, getattr(self.matrix, "pytorch_index", None))
         except InfraError as e:
             return LockResult(c, e.cause, e.message)
         res = LockResult(c, "ok", torch_index=redact(src.url) if src.url else "default")
-        below: dict[str, tuple[str, str]] = {}
-        seed = ""
-        all_cached = True
-        for name, reqs, dated in self._stack(c, src):
-            try:
-                when = era([self.meta.released(p, v) for p, v in dated], self.matrix.grace_days)
-            except InfraError as e:
-                return LockResult(c, e.cause, e.message, torch_index=res.torch_index)
-            except EnvbuildError as e:  # a release that is not on the index
-                return LockResult(c, "unsatisfiable", str(e), torch_index=res.torch_index)
-            key = _sha(json.dumps({"reqs": reqs, "era": when, "python": c.python, "platform": platform_tag(c.glibc),
-                                   "torch_index": res.torch_index, "seed": _sha(seed), "uv": self.uv_version}))
-            status, text, cached = self._compile(key, reqs, when, c, src, seed)
-            all_cached &= cached
-            if status != "ok":
-                res.status, res.detail, res.era = status, text, when
-                res.cached = all_cached
-                return res
-            full = parse_lock(text)
-            # The header names only the layer's own inputs, so combinations share its bytes.
-            header = (f"# envbuild {name} layer for {' '.join(reqs)}: pins that differ from the layer below\n"
-                      f"# resolved as of {when} (uv --exclude-newer) for Python {c.python}, {platform_tag(c.glibc)}")
-            body = layer_text(full, below, header)
-            res.layers.append(LayerLock(name, "", _sha(body), {k: full[k][0] for k in full
-                                                                 if below.get(k, (None,))[0] != full[k][0]}, when, key))
-            res.layers[-1].path = body  # the text for now; written below
-            below, seed, res.era = full, text, when
-        status, tools, cached = self._compile(
-            _sha(json.dumps({"tools": self.uv_version, "python": c.python, "platform": platform_tag(c.glibc)})),
-            [f"uv=={self.uv_version.split()[1]}"], "", c, TorchSource(c.cuda, c.cuda, None), "")
-        if status != "ok":
-            res.status, res.detail = status, tools
+        reqs, dated = self.requirements(c, src)
+        try:
+            when = era([self.meta.released(p, v) for p, v in dated], self.matrix.grace_days)
+        except InfraError as e:
+            return LockResult(c, e.cause, e.message, torch_index=res.torch_index)
+        except EnvbuildError as e:  # a release that is not on the index
+            return LockResult(c, "unsatisfiable", str(e), torch_index=res.torch_index)
+        res.era = when
+        key = _sha(json.dumps({"reqs": reqs, "era": when, "python": c.python, "platform": platform_tag(c.glibc),
+                               "torch_index": res.torch_index, "uv": self.uv_version, "v": 2,
+                               "no_build": self.no_build, "allow_build": self.allow_build}))
+        d, cached = self._cached(key, lambda: self._resolve(reqs, when, c, src))
+        res.cached = cached
+        res.relaxed = d.get("relaxed", [])
+        if d["status"] != "ok":
+            res.status, res.detail = d["status"], d["text"]
             return res
-        res.tools = tools
-        res.cached = all_cached and cached
-        res.full_lock = seed
-        res.lock_hash = _sha(seed)
+        text = d["text"]
+        res.built_from_source = d.get("built_from_source", [])
+        res.build_constraints = d.get("build_constraints", "")
+        full = parse_lock(text)
+        try:
+            torch_pins = exact_pins(self._torch_requires(src, full["torch"][0]), c.python)
+            engine_pins = (exact_pins(self.meta.get(c.engine, c.engine_version)["requires_dist"], c.python,
+                                      self.meta.engine_extras(c.engine, c.engine_version))
+                           if c.engine != "hf" else {})
+        except InfraError as e:
+            res.status, res.detail = e.cause, e.message
+            return res
+        plat = platform_tag(c.glibc)
+        headers = {
+            # The torch and engine headers name only what fixes their content, so combinations share them.
+            "torch": f"# envbuild torch layer: torch {full['torch'][0]} and what it pins exactly\n"
+                     f"# for Python {c.python}, {plat}",
+            "engine": f"# envbuild engine layer: {c.engine} {c.engine_version} and what it pins exactly\n"
+                      f"# for Python {c.python}, {plat}",
+            "verl": f"# envbuild verl layer for {' '.join(reqs)}: everything the layers below do not hold\n"
+                    f"# resolved as of {when} (uv --exclude-newer) for Python {c.python}, {plat}",
+        }
+        for name, names in split_layers(full, torch_pins, c.engine if c.engine != "hf" else None,
+                                        engine_pins).items():
+            body = layer_text(full, names, headers[name])
+            res.layers.append(LayerLock(name, body, _sha(body), {n: full[n][0] for n in names}, when, key))
+        tools, tcached = self._cached(
+            _sha(json.dumps({"tools": self.uv_version, "python": c.python, "platform": plat})),
+            lambda: self._compile([f"uv=={self.uv_version.split()[1]}"], "", c, None, {}))
+        if tools["status"] != "ok":
+            res.status, res.detail = tools["status"], tools["text"]
+            return res
+        res.tools = tools["text"]
+        res.cached = res.cached and tcached
+        res.full_lock = text
+        res.lock_hash = _sha(text)
         if out_dir is not None:
             self.write(res, Path(out_dir))
         return res
+
+    def _torch_requires(self, src: TorchSource, version: str) -> list[str]:
+        """Requires-Dist of the torch wheel the resolution chose (from the PyTorch index when it
+        came from there: its CUDA wheels are that variant's)."""
+        meta = self.meta if src.url is None else self._pytorch_meta(src.url)
+        return meta.get("torch", version)["requires_dist"]
+
+    def _pytorch_meta(self, url: str) -> Metadata:
+        with self._lk:
+            cache = self.__dict__.setdefault("_pt_meta", {})
+            if url not in cache:
+                cache[url] = Metadata(index=url, snapshot=os.devnull)
+            return cache[url]
 
     def write(self, res: LockResult, out_dir: Path) -> Path:
         d = out_dir / res.combo.id
@@ -235,45 +346,142 @@ class Locker:
             res.full_lock = str(write_atomic(d / "full.txt", res.full_lock))
         if res.tools:
             write_atomic(d / "tools.txt", res.tools)
+        if res.build_constraints:
+            write_atomic(d / "build-constraints.txt", res.build_constraints)
         write_json_atomic(d / "lock.json", res.to_dict())
         return d
 
-    def _compile(self, key: str, reqs: list[str], when: str, c: Combo, src: TorchSource, seed: str):
-        """-> (status, lock text or explanation, cached)"""
+    # -- one resolution, with the era's artefacts lifted ------------------------------------
+
+    def _cached(self, key: str, compute) -> tuple[dict, bool]:
         cpath = self.cache / f"{key}.json"
         if cpath.exists():
-            d = json.loads(cpath.read_text())
-            return d["status"], d["text"], True
-        self.uv_runs += 1
+            try:
+                return json.loads(cpath.read_text()), True
+            except (OSError, ValueError):
+                pass
+        d = compute()
+        if d["status"] in ("ok", "unsatisfiable", "needs-build"):  # stable under --exclude-newer: cache
+            write_json_atomic(cpath, d)
+        return d, False
+
+    def _resolve(self, reqs: list[str], when: str, c: Combo, src: TorchSource) -> dict:
+        lifts: dict[str, str] = {}  # package -> its own cutoff
+        notes: list[str] = []
+        while True:
+            d = self._compile(reqs, when, c, src, lifts)
+            if d["status"] != "unsatisfiable":
+                break
+            new = {}
+            for m in _FILTERED_RE.finditer(d["text"]):
+                name = canonicalize_name(m.group(1))
+                if name in lifts or name in new:
+                    continue
+                date = m.group(3) or self._first_upload_after(name, when)
+                if date:
+                    new[name] = date
+            if not new or len(lifts) + len(new) > MAX_RELAX:
+                break  # unsatisfiable without the cutoff's artefacts too (or nothing left to lift)
+            for name, date in new.items():
+                lifts[name] = (dt.date.fromisoformat(date) + dt.timedelta(days=1)).isoformat()
+                notes.append(f"{name} taken from {date}: no earlier release on the index satisfies the "
+                             f"requirement (era {when})")
+        d["relaxed"] = notes if d["status"] == "ok" else []
+        if d["status"] == "unsatisfiable" and notes:
+            d["text"] += "\n(unsatisfiable with the cutoff lifted for " + ", ".join(sorted(lifts)) + " too)"
+        if d["status"] != "ok":
+            return d
+        return self._sdists(d, reqs, when, c, src, lifts)
+
+    def _first_upload_after(self, name: str, when: str) -> str | None:
+        try:
+            dates = sorted(f["upload-time"][:10] for f in self.meta.files(name)
+                           if f.get("upload-time") and f["upload-time"][:10] > when)
+        except InfraError:
+            return None
+        return dates[0] if dates else None
+
+    def _sdists(self, d: dict, reqs, when, c: Combo, src: TorchSource, lifts) -> dict:
+        """Find the pins that have no wheel for the image; pin their builds or refuse them."""
+        tags = wheel_tags(c.python, c.glibc)
+        # uv's pylock output names every file of every pin: no request of ours is needed.
+        pl = self._compile(reqs, when, c, src, lifts, fmt="pylock")
+        if pl["status"] != "ok":
+            return pl
+        built = []
+        for pkg in tomllib.loads(pl["text"]).get("packages", []):
+            wheels = [w.get("name") or w.get("url", "").rsplit("/", 1)[-1] for w in pkg.get("wheels", [])]
+            if not any(parse_wheel_filename(w)[3] & tags for w in wheels if w.endswith(".whl")):
+                built.append(f"{canonicalize_name(pkg['name'])}=={pkg['version']}")
+        built.sort()
+        d["built_from_source"] = built
+        d["build_constraints"] = ""
+        if not built:
+            return d
+        refused = [b for b in built if b.split("==")[0] not in self.allow_build]
+        if self.no_build and refused:
+            return {"status": "needs-build", "relaxed": d.get("relaxed", []), "text":
+                    f"{', '.join(refused)} ha{'s' if len(refused) == 1 else 've'} no wheel for CPython {c.python} "
+                    f"on {platform_tag(c.glibc)}: building from source is refused (--no-build); allow a "
+                    f"package with --allow-build NAME, or drop --no-build to build it with pinned build "
+                    f"dependencies"}
+        # Build constraints: this resolution's pins, then the common backends as of the era.
+        full = parse_lock(d["text"])
+        pins = {n: v for n, (v, _) in full.items()}
+        backends = self._compile([b for b in BUILD_BACKENDS if b not in pins], when, c, None, {}, hashes=False)
+        if backends["status"] == "ok":
+            for n, (v, _) in parse_lock(backends["text"]).items():
+                pins.setdefault(n, v)
+        cons = "".join(f"{n}=={v}\n" for n, v in sorted(pins.items()))
+        d["build_constraints"] = ("# envbuild build constraints: the builds of "
+                                  + ", ".join(built) + " use these versions (uv --build-constraints)\n" + cons)
+        return d
+
+    def _compile(self, reqs: list[str], when: str, c: Combo, src: TorchSource | None, lifts: dict[str, str],
+                 hashes: bool = True, fmt: str = "requirements") -> dict:
+        """One `uv pip compile` -> {"status", "text"}. Index URLs go through uv's environment."""
+        with self._lk:
+            self.uv_runs += 1
+        env = {k: v for k, v in os.environ.items() if k not in ("UV_INDEX_URL", "UV_EXTRA_INDEX_URL")}
+        env["UV_NO_PROGRESS"] = "1"
+        try:
+            env["UV_DEFAULT_INDEX"] = default_index_url()
+        except InfraError as e:
+            return {"status": e.cause, "text": e.message}
         with tempfile.TemporaryDirectory(prefix="envbuild-lock-") as tmp:
-            inp, outp = Path(tmp) / "requirements.in", Path(tmp) / "requirements.txt"
+            inp = Path(tmp) / "requirements.in"
+            outp = Path(tmp) / ("pylock.toml" if fmt == "pylock" else "requirements.txt")
             inp.write_text("\n".join(reqs) + "\n")
-            if seed:
-                outp.write_text(seed)  # uv prefers the versions already in the output file
-            cmd = [_uv(), "pip", "compile", str(inp), "-o", str(outp), "--generate-hashes", "--no-header",
-                   "--python-version", c.python, "--python-platform", platform_tag(c.glibc),
-                   "--quiet"] + (["--exclude-newer", when] if when else [])
-            if src.url:
-                cmd += ["--index", src.url]  # searched before the default index
-            env = {**os.environ, "UV_NO_PROGRESS": "1"}
+            cmd = [uv_exe(), "pip", "compile", str(inp), "-o", str(outp), "--no-header",
+                   "--python-version", c.python, "--python-platform", platform_tag(c.glibc), "--quiet"]
+            cmd += ["--generate-hashes"] if hashes else []
+            cmd += ["--format", "pylock.toml"] if fmt == "pylock" else []
+            cmd += ["--exclude-newer", when] if when else []
+            for name, date in sorted(lifts.items()):
+                cmd += ["--exclude-newer-package", f"{name}={date}"]
+            if src is not None and src.url:
+                # Searched before the default index. Its pages carry no upload times, which the
+                # cutoff would take for "too new": torch (pinned by version and variant) is exempt,
+                # and every other package is taken from whichever index has the best match.
+                env["UV_INDEX"] = " ".join(x for x in (src.url, os.environ.get("UV_INDEX", "")) if x)
+                env["UV_INDEX_STRATEGY"] = "unsafe-best-match"
+                cmd += ["--exclude-newer-package", "torch=false"] if when else []
+            with self._lk:
+                self.argv.append(list(cmd))
             try:
                 p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
             except subprocess.TimeoutExpired:
-                return "index-unreachable", "uv pip compile timed out after 900 s", False
+                return {"status": "index-unreachable", "text": "uv pip compile timed out after 900 s"}
             if p.returncode == 0:
-                status, text = "ok", outp.read_text()
-            else:
-                err = p.stderr.strip()
-                if "No solution found" in err:
-                    status = "unsatisfiable"
-                elif _NET_RE.search(err):
-                    status = "index-unreachable"
-                else:
-                    status = "lock-error"
-                text = err[-4000:]
-        if status in ("ok", "unsatisfiable"):  # verdicts are stable under --exclude-newer: cache them
-            write_json_atomic(cpath, {"status": status, "text": text})
-        return status, text, False
+                return {"status": "ok", "text": outp.read_text()}
+        err = p.stderr.strip()
+        if "No solution found" in err:
+            status = "unsatisfiable"
+        elif _NET_RE.search(err):
+            status = "index-unreachable"
+        else:
+            status = "lock-error"
+        return {"status": status, "text": err[-20000:]}
 
 
 # --------------------------------------------------------------------------- CLI
@@ -285,36 +493,121 @@ def add_arguments(p) -> None:
     add_selector_args(p)
     p.add_argument("--out", default="locks", help="output folder (default: ./locks)")
     p.add_argument("--json", action="store_true", help="print one JSON object per combination")
+    p.add_argument("-j", "--jobs", type=int, default=min(4, os.cpu_count() or 1),
+                   help="combinations resolved at once (default: min(4, CPUs))")
+    p.add_argument("--no-build", action="store_true",
+                   help="refuse packages that have no wheel for the image (built from source otherwise, "
+                        "with pinned build dependencies)")
+    p.add_argument("--allow-build", action="append", default=[], metavar="NAME",
+                   help="with --no-build: a package that may still be built from source (repeatable)")
+
+
+def summary(r: LockResult, out: Path) -> str:
+    """The text line(s) of one result: uv's explanation in full, wrapped."""
+    c = r.combo
+    line = f"{c.id}: {r.status}"
+    if r.ok:
+        line += (f" (as of {r.era}, {sum(len(l.packages) for l in r.layers)} packages"
+                 f"{', cached' if r.cached else ''}) -> {out / c.id}")
+    extra = [f"  note: {n}" for n in r.relaxed]
+    if r.built_from_source:
+        extra.append(f"  built from source: {', '.join(r.built_from_source)} (build constraints in "
+                     f"{out / c.id / 'build-constraints.txt'})")
+    if not r.ok:
+        extra.append(explain(r.detail))
+    return "\n".join([line] + extra)
 
 
 def run(args) -> int:
     from .matrix import matrix_from_args
     from .plan import plan_from_args
 
+    if args.jobs < 1:
+        from .errors import InputError
+
+        raise InputError("command line", None, "--jobs", args.jobs, "must be at least 1")
     meta = Metadata()
     m = matrix_from_args(args)
     pl = plan_from_args(args, meta)
-    locker = Locker(m, meta)
+    locker = Locker(m, meta, no_build=args.no_build, allow_build=tuple(args.allow_build))
+    out = Path(args.out)
     worst = 0
-    for c in pl.combos:
-        r = locker.lock(c, args.out)
+
+    def one(c):
+        r = locker.lock(c, out)
         if not r.ok:
-            locker.write(r, Path(args.out))
+            locker.write(r, out)
+        return r
+
+    def emit(r: LockResult):
+        nonlocal worst
+        c = r.combo
         if args.json:
             print(json.dumps({"id": c.id, "status": r.status, "lock_hash": r.lock_hash, "era": r.era,
                               "cached": r.cached, "detail": r.detail, "torch_index": r.torch_index,
-                              "layers": {l.name: l.packages for l in r.layers}}))
+                              "relaxed": r.relaxed, "built_from_source": r.built_from_source,
+                              "layers": {l.name: l.packages for l in r.layers}}), flush=True)
         else:
-            line = f"{c.id}: {r.status}"
-            if r.ok:
-                line += f" (as of {r.era}, {sum(len(l.packages) for l in r.layers)} packages" \
-                        f"{', cached' if r.cached else ''}) -> {Path(args.out) / c.id}"
-            else:
-                line += ": " + " ".join(r.detail.split())[:600]
-            print(line)
-        if r.status in ("index-unreachable", "lock-error"):
+            print(summary(r, out), flush=True)
+        if r.status in ("index-unreachable", "lock-error", "metadata-missing"):
             worst = max(worst, 3)
         elif not r.ok:
             worst = max(worst, 1)
+
+    with ThreadPoolExecutor(max_workers=args.jobs, thread_name_prefix="envbuild-lock") as pool, \
+            _Progress(len(pl.combos)) as progress:
+        futs = []
+        for c in pl.combos:
+            futs.append(pool.submit(progress.wrap(one, c.id), c))
+        for f in futs:  # plan order, whatever order they finish in
+            emit(f.result())
     print(f"uv resolutions run: {locker.uv_runs}", file=sys.stderr)
     return worst
+
+
+class _Progress:
+    """A live progress display on a terminal (stderr); nothing at all when stderr is piped, so
+    that piped output stays one line per combination."""
+
+    def __init__(self, total: int):
+        self.total = total
+        self.live = None
+        if sys.stderr.isatty() and total > 0:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+            self.live = Progress(SpinnerColumn(), TextColumn("lock"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), TextColumn("{task.description}"),
+                                 console=Console(stderr=True), transient=True)
+            self.task = self.live.add_task("", total=total)
+        self.running: list[str] = []
+        self._lk = threading.Lock()
+
+    def __enter__(self):
+        if self.live:
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.live:
+            self.live.stop()
+
+    def wrap(self, fn, cid):
+        def run(*a):
+            self._set(cid, +1)
+            try:
+                return fn(*a)
+            finally:
+                self._set(cid, -1)
+        return run
+
+    def _set(self, cid, delta):
+        if not self.live:
+            return
+        with self._lk:
+            if delta > 0:
+                self.running.append(cid)
+            else:
+                self.running.remove(cid)
+            shown = ", ".join(self.running[:2]) + (f" +{len(self.running) - 2}" if len(self.running) > 2 else "")
+            self.live.update(self.task, advance=1 if delta < 0 else 0, description=shown)

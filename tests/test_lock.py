@@ -23,15 +23,14 @@ typing-extensions==4.12.2 \\
 """
 
 
-def test_parse_and_layer_diff():
+def test_parse_and_layer_text():
     full = parse_lock(UV_OUT)
     assert {k: v[0] for k, v in full.items()} == {"filelock": "3.17.0", "torch": "2.6.0",
                                                    "typing-extensions": "4.12.2"}
-    below = parse_lock(UV_OUT.replace("4.12.2", "4.10.0").replace("filelock==3.17.0", "filelock==3.17.0"))
-    text = layer_text(full, below, "# header")
+    text = layer_text(full, ["typing-extensions"], "# header")
     assert text.startswith("# header\n")
     assert "typing-extensions==4.12.2" in text and "--hash=sha256:ddd" in text
-    assert "torch==" not in text and "filelock" not in text  # same pin below: not reinstalled
+    assert "torch==" not in text and "filelock" not in text  # only the layer's own packages
 
 
 def test_era_is_newest_release_plus_grace():
@@ -43,11 +42,18 @@ def combo(**sel):
     return plan(load_matrix(default_matrix()), selectors_from_args(SimpleNamespace(**sel)), meta=Metadata(online=False)).combos[0]
 
 
-def test_non_default_variant_without_pytorch_index_is_infrastructure(monkeypatch, isolated_cache):
+def test_non_default_variant_comes_from_the_public_pytorch_index(monkeypatch):
+    from envbuild.index import PYTORCH_INDEX_DEFAULT, torch_source
+
     monkeypatch.delenv("ENVBUILD_PYTORCH_INDEX", raising=False)
-    r = Locker(load_matrix(default_matrix()), Metadata(online=False)).lock(combo(cuda="cu126", vllm="0.8.4", verl="0.4.1"))
-    assert r.status == "index-unreachable"
-    assert "PyTorch index" in r.detail and "cu124" in r.detail  # names what the default index serves
+    meta = Metadata(online=False)
+    assert torch_source("cu124", "2.6.0", meta).url is None  # the default index's own build
+    assert torch_source("cu126", "2.6.0", meta).url == "https://download.pytorch.org/whl/cu126" \
+        == PYTORCH_INDEX_DEFAULT + "/cu126"
+    # a matrix key names a mirror; the environment wins over it
+    assert torch_source("cu126", "2.6.0", meta, "https://mirror.example/whl/").url == "https://mirror.example/whl/cu126"
+    monkeypatch.setenv("ENVBUILD_PYTORCH_INDEX", "http://127.0.0.1:8/pt")
+    assert torch_source("cu126", "2.6.0", meta, "https://mirror.example/whl").url == "http://127.0.0.1:8/pt/cu126"
 
 
 @pytest.mark.network

@@ -1,0 +1,163 @@
+"""A package index on 127.0.0.1 for tests: PEP 691 JSON and PEP 503 HTML over real files.
+
+    idx = LocalIndex()                                  # started on a free port, stopped by .close()
+    idx.add("simple", "six-1.17.0-py2.py3-none-any.whl", uploaded="2024-12-04T00:00:00Z")
+    idx.url("simple")  -> http://127.0.0.1:PORT/simple
+
+A page is `/<root>/<project>/` (a PyTorch-like layout is `cu128/torch/`), files are served from
+`/files/<root>/<filename>` with HTTP range support (uv and envbuild read wheel metadata by range).
+Upload times are whatever the test says, so "every release postdates the era" can be staged with
+real wheels. `html=True` roots answer PEP 503 HTML only, as the public PyTorch index does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+import re
+import shutil
+import threading
+import urllib.parse
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
+
+
+def project_of(filename: str) -> str:
+    name = parse_wheel_filename(filename)[0] if filename.endswith(".whl") else parse_sdist_filename(filename)[0]
+    return canonicalize_name(name)
+
+
+class LocalIndex:
+    def __init__(self, workdir: Path):
+        self.dir = Path(workdir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.files: dict[tuple[str, str], list[dict]] = {}  # (root, project) -> entries
+        self.html_roots: set[str] = set()
+        self.requests: list[str] = []
+        index = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):  # quiet
+                pass
+
+            def do_HEAD(self):
+                self.do_GET(head=True)
+
+            def do_GET(self, head=False):
+                index.requests.append(self.path)
+                parts = [p for p in self.path.split("?")[0].split("/") if p]
+                if len(parts) == 3 and parts[0] == "files":
+                    return self._file(index.dir / parts[1] / parts[2], head)
+                if len(parts) == 2:
+                    return self._page(parts[0], canonicalize_name(parts[1]), head)
+                self.send_error(404)
+
+            def _page(self, root, project, head):
+                entries = index.files.get((root, project))
+                if entries is None:
+                    return self.send_error(404)
+                want_json = "application/vnd.pypi.simple.v1+json" in (self.headers.get("Accept") or "")
+                if want_json and root not in index.html_roots:
+                    body = json.dumps({"meta": {"api-version": "1.1"}, "name": project, "files": [
+                        {"filename": e["filename"], "url": f"/files/{root}/{e['filename']}",
+                         "hashes": {"sha256": e["sha256"]}, "size": e["size"], "upload-time": e["uploaded"],
+                         "yanked": False} for e in entries]}).encode()
+                    ctype = "application/vnd.pypi.simple.v1+json"
+                else:
+                    links = "".join(f'<a href="/files/{root}/{html.escape(e["filename"])}#sha256={e["sha256"]}">'
+                                    f'{html.escape(e["filename"])}</a><br/>\n' for e in entries)
+                    body = f"<!DOCTYPE html><html><body>\n{links}</body></html>\n".encode()
+                    ctype = "text/html"
+                self.send_response(200)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if not head:
+                    self.wfile.write(body)
+
+            def _file(self, path: Path, head):
+                if not path.is_file():
+                    return self.send_error(404)
+                size = path.stat().st_size
+                start, end = 0, size - 1
+                m = re.match(r"bytes=(\d*)-(\d*)$", self.headers.get("Range") or "")
+                if m:
+                    if m.group(1):
+                        start, end = int(m.group(1)), int(m.group(2) or size - 1)
+                    else:  # a suffix range: the last N bytes
+                        start = max(0, size - int(m.group(2)))
+                    end = min(end, size - 1)
+                    self.send_response(206)
+                    self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+                else:
+                    self.send_response(200)
+                self.send_header("Accept-Ranges", "bytes")
+                self.send_header("Content-Length", str(end - start + 1))
+                self.send_header("Content-Type", "application/octet-stream")
+                self.end_headers()
+                if head:
+                    return
+                with open(path, "rb") as f:
+                    f.seek(start)
+                    left = end - start + 1
+                    while left > 0:
+                        chunk = f.read(min(left, 1 << 20))
+                        if not chunk:
+                            break
+                        self.wfile.write(chunk)
+                        left -= len(chunk)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def root_url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def url(self, root: str) -> str:
+        return f"{self.root_url}/{root}"
+
+    def add(self, root: str, src: Path, uploaded: str, name: str | None = None) -> dict:
+        """Serve the real file `src` under `root` (as `name`, when given), uploaded at `uploaded`."""
+        name = name or Path(src).name
+        dest = self.dir / root / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if Path(src).resolve() != dest.resolve():
+            shutil.copyfile(src, dest)
+        h = hashlib.sha256()
+        with open(dest, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        entry = {"filename": name, "sha256": h.hexdigest(), "size": dest.stat().st_size, "uploaded": uploaded}
+        self.files.setdefault((root, project_of(name)), []).append(entry)
+        return entry
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def fetch_from_index(index_url: str, project: str, filename: str, dest_dir: Path) -> Path:
+    """Download one real file of `project` from the configured index (cached in dest_dir)."""
+    from envbuild.index import Metadata, _open
+
+    dest = Path(dest_dir) / filename
+    if dest.is_file():
+        return dest
+    meta = Metadata(index=index_url)
+    for f in meta.files(project):
+        if f["filename"] == filename:
+            url = urllib.parse.urljoin(f"{index_url}/{canonicalize_name(project)}/", f["url"])
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_suffix(".part")
+            with _open(url, timeout=120) as r, open(tmp, "wb") as out:
+                shutil.copyfileobj(r, out)
+            tmp.rename(dest)
+            return dest
+    raise FileNotFoundError(f"{filename} is not on the index")
+

@@ -1,0 +1,96 @@
+"""One era per combination, era artefacts lifted (never verdicts), full explanations, and index
+credentials kept off uv's argv. Network tests take real wheels from the configured index and
+serve them from a local index on 127.0.0.1 whose upload dates the test controls."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from envbuild import index as indexmod
+from envbuild.index import Metadata, TorchSource
+from envbuild.lock import Locker, exact_pins, explain, parse_lock, split_layers
+from envbuild.matrix import Combo, load_matrix
+from envbuild.paths import default_matrix
+
+sys.path.insert(0, str(Path(__file__).parent))
+from local_index import LocalIndex, fetch_from_index  # noqa: E402
+
+FULL = "".join(f"{n}=={v} \\\n    --hash=sha256:{n}\n" for n, v in [
+    ("torch", "2.6.0"), ("nvidia-cublas-cu12", "12.4.5.8"), ("sympy", "1.13.1"), ("filelock", "3.18.0"),
+    ("vllm", "0.8.4"), ("xformers", "0.0.29.post2"), ("transformers", "4.53.2"), ("verl", "0.4.1")])
+
+
+def test_layers_hold_only_what_torch_and_the_engine_pin_exactly():
+    torch_pins = exact_pins(["nvidia-cublas-cu12==12.4.5.8; platform_system == 'Linux'",
+                             "sympy==1.13.1; python_version >= '3.9'", "filelock", "triton==3.2.0; python_version > '3.13'"],
+                            "3.11")
+    assert torch_pins == {"nvidia-cublas-cu12": "12.4.5.8", "sympy": "1.13.1"}  # markers evaluated for 3.11
+    layers = split_layers(parse_lock(FULL), torch_pins, "vllm",
+                          {"torch": "2.6.0", "xformers": "0.0.29.post2", "transformers": "4.40.0"})
+    assert layers == {"torch": ["nvidia-cublas-cu12", "sympy", "torch"], "engine": ["vllm", "xformers"],
+                      # floating packages (and a pin the resolution does not have) go to the top layer
+                      "verl": ["filelock", "transformers", "verl"]}
+
+
+def test_explanations_are_wrapped_not_cut():
+    long = "  cause: " + " ".join(f"because pkg{i}==1.0 depends on dep{i}>=2" for i in range(60)) + \
+           "\n\nhint: `six` was filtered by `exclude-newer`"
+    out = explain(long, width=80)
+    assert len(long) > 2000 and "dep59>=2" in out and "hint: `six` was filtered" in out
+    assert max(len(line) for line in out.splitlines()) <= 80
+
+
+# --------------------------------------------------------------------------- local index
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory):
+    """Two real wheels from the configured index: python-dateutil (2024-03-01) needs six>=1.5."""
+    indexmod.default_index_url.cache_clear()
+    d = tmp_path_factory.mktemp("wheels")
+    url = indexmod.default_index_url()
+    return {"six": fetch_from_index(url, "six", "six-1.17.0-py2.py3-none-any.whl", d),
+            "dateutil": fetch_from_index(url, "python-dateutil", "python_dateutil-2.9.0.post0-py2.py3-none-any.whl", d)}
+
+
+@pytest.fixture
+def index(tmp_path, wheels, monkeypatch, isolated_cache):
+    idx = LocalIndex(tmp_path / "index")
+    idx.add("simple", wheels["dateutil"], "2024-03-01T18:36:18Z")
+    # six as if deleted and uploaded again long after the era: its only release postdates it
+    idx.add("simple", wheels["six"], "2025-06-01T00:00:00Z")
+    monkeypatch.setenv("UV_DEFAULT_INDEX", idx.url("simple").replace("http://", "http://envbuild:s3cr3t-t0ken@"))
+    indexmod.default_index_url.cache_clear()
+    yield idx
+    idx.close()
+    indexmod.default_index_url.cache_clear()
+
+
+def _combo():
+    return Combo(verl="0", engine="hf", engine_version="", torch="0", cuda="cu124", python="3.11", glibc="2.35")
+
+
+@pytest.mark.network
+def test_a_package_filtered_by_the_era_is_lifted_and_recorded(index):
+    locker = Locker(load_matrix(default_matrix()), Metadata(index=index.url("simple"), snapshot="/dev/null"))
+    d = locker._resolve(["python-dateutil==2.9.0.post0"], "2024-04-01", _combo(), TorchSource("cu124", "cu124", None))
+    assert d["status"] == "ok", d["text"]
+    assert parse_lock(d["text"])["six"][0] == "1.17.0"
+    assert d["relaxed"] == ["six taken from 2025-06-01: no earlier release on the index satisfies the "
+                            "requirement (era 2024-04-01)"]
+    assert d["built_from_source"] == []
+    # the credentials of the index reached uv through its environment, never its command line
+    assert locker.argv and not any("s3cr3t" in arg for argv in locker.argv for arg in argv)
+    assert all("--exclude-newer-package" not in argv or "six=2025-06-02" in argv for argv in locker.argv)
+
+
+@pytest.mark.network
+def test_unsatisfiable_without_the_artefact_stays_unsatisfiable(index):
+    locker = Locker(load_matrix(default_matrix()), Metadata(index=index.url("simple"), snapshot="/dev/null"))
+    d = locker._resolve(["python-dateutil==2.9.0.post0", "six<1.5"], "2024-04-01", _combo(),
+                        TorchSource("cu124", "cu124", None))
+    assert d["status"] == "unsatisfiable"
+    assert "six" in d["text"] and d["relaxed"] == []
