@@ -3,9 +3,11 @@
 One place for these facts:
 - the default index is whatever pip/uv are configured with (never a host name written here);
 - a torch build for a CUDA variant that is not that torch release's default comes from the
-  PyTorch index for that variant, whose root the user configures (ENVBUILD_PYTORCH_INDEX);
+  PyTorch index for that variant: the public one unless a mirror is configured
+  (ENVBUILD_PYTORCH_INDEX, or the matrix's `pytorch_index`);
 - metadata (Requires-Dist, Requires-Python, upload time) is read from the index with the
-  PEP 691 JSON API plus HTTP range reads of the wheel's METADATA (no wheel is downloaded).
+  PEP 691 JSON API (or a PEP 503 HTML page, as the PyTorch index serves) plus HTTP range reads
+  of the wheel's METADATA (no wheel is downloaded).
 
 Metadata of a release never changes, so it is cached on disk and a recorded snapshot
 (matrix/metadata.json) lets `plan` run offline and fast.
@@ -18,12 +20,14 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
-import sys
+import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
+from html.parser import HTMLParser
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -31,6 +35,9 @@ from pathlib import Path
 from .errors import InfraError, InputError
 
 PYTORCH_INDEX_ENV = "ENVBUILD_PYTORCH_INDEX"
+# The public PyTorch index (one folder per variant: cu126/, cu128/, ...); a mirror replaces it
+# through ENVBUILD_PYTORCH_INDEX or the matrix's `pytorch_index`.
+PYTORCH_INDEX_DEFAULT = "https://download.pytorch.org/whl"
 TIMEOUT = 30
 # An index URL reaches uv, a BuildKit secret, a CI script and (redacted) a Dockerfile LABEL:
 # http(s) and the characters RFC 3986 allows, less quotes, parentheses, `;`, `*`, `$` and any
@@ -57,21 +64,129 @@ def check_index_url(url: str, source: str, where: str = "environment") -> str:
 
 @lru_cache(maxsize=1)
 def default_index_url() -> str:
-    """The simple-API URL pip/uv are configured with (credentials included, if any)."""
+    """The simple-API URL pip/uv are configured with (credentials included, if any).
+
+    Read the way uv and pip read it, without importing either: the environment first, then uv's
+    configuration files, then pip's; when nothing is configured, uv names its own default (so no
+    host name is written here)."""
     for var in ("UV_DEFAULT_INDEX", "UV_INDEX_URL", "PIP_INDEX_URL"):
         if os.environ.get(var):
             return check_index_url(os.environ[var], var).rstrip("/")
-    try:
-        out = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.index-url"],
-                             capture_output=True, text=True, timeout=20)
-        if out.returncode == 0 and out.stdout.strip():
-            return check_index_url(out.stdout.strip(), "global.index-url", "pip config").rstrip("/")
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    # pip's own default: the same index uv uses when nothing is configured.
-    from pip._internal.models.index import PyPI  # noqa: PLC0415
+    for source, url in _configured_index_urls():
+        return check_index_url(url, "index-url", source).rstrip("/")
+    return _uv_default_index()
 
-    return PyPI.simple_url.rstrip("/")
+
+def _uv_config_files() -> list[Path]:
+    """uv's configuration files, most specific first (project, user, system), as uv finds them."""
+    if os.environ.get("UV_NO_CONFIG"):
+        return []
+    if os.environ.get("UV_CONFIG_FILE"):
+        return [Path(os.environ["UV_CONFIG_FILE"])]
+    files = []
+    for d in [Path.cwd(), *Path.cwd().parents]:  # the nearest project's uv.toml or pyproject.toml
+        if (d / "uv.toml").is_file() or (d / "pyproject.toml").is_file():
+            files += [d / "uv.toml", d / "pyproject.toml"]
+            break
+    xdg = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    files.append(Path(xdg) / "uv" / "uv.toml")
+    files += [Path(d) / "uv" / "uv.toml" for d in (os.environ.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(":")]
+    files.append(Path("/etc/uv/uv.toml"))
+    return files
+
+
+def _uv_config_index(path: Path) -> str | None:
+    import tomllib
+
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if path.name == "pyproject.toml":
+        data = data.get("tool", {}).get("uv", {})
+    if not isinstance(data, dict):
+        return None
+    for idx in data.get("index", []) if isinstance(data.get("index"), list) else []:
+        if isinstance(idx, dict) and idx.get("default") and isinstance(idx.get("url"), str):
+            return idx["url"]
+    for sect in (data, data.get("pip") if isinstance(data.get("pip"), dict) else {}):
+        if isinstance(sect.get("index-url"), str):
+            return sect["index-url"]
+    return None
+
+
+def _pip_config_files() -> list[Path]:
+    """pip's configuration files, lowest priority first (global, user, site, PIP_CONFIG_FILE)."""
+    env_file = os.environ.get("PIP_CONFIG_FILE")
+    if env_file == os.devnull:
+        return []
+    dirs = (os.environ.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(":")
+    files = [Path(d) / "pip" / "pip.conf" for d in dirs] + [Path("/etc/pip.conf")]
+    if not (env_file and os.path.exists(env_file)):  # pip skips the user's files then
+        xdg = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+        files += [Path.home() / ".pip" / "pip.conf", Path(xdg) / "pip" / "pip.conf"]
+    if os.environ.get("VIRTUAL_ENV"):
+        files.append(Path(os.environ["VIRTUAL_ENV"]) / "pip.conf")
+    if env_file:
+        files.append(Path(env_file))
+    return files
+
+
+def _pip_config_index() -> tuple[str, str] | None:
+    import configparser
+
+    found = None
+    for f in _pip_config_files():  # a later file overrides an earlier one, as in pip
+        cp = configparser.RawConfigParser()
+        try:
+            cp.read(f)
+        except (configparser.Error, OSError, UnicodeDecodeError):
+            continue
+        for sect in ("global", "install"):  # [install] overrides [global] for `pip install`
+            if cp.has_option(sect, "index-url") and cp.get(sect, "index-url").strip():
+                found = (str(f), cp.get(sect, "index-url").strip())
+    return found
+
+
+def _configured_index_urls():
+    """(source, url) of the configured default index: uv's files first, then pip's."""
+    for f in _uv_config_files():
+        url = _uv_config_index(f) if f.is_file() else None
+        if url:
+            yield str(f), url
+    pip = _pip_config_index()
+    if pip:
+        yield pip
+
+
+def uv_exe() -> str:
+    """The uv executable: on PATH, else the one the `uv` package (a dependency) ships."""
+    exe = shutil.which("uv")
+    if exe:
+        return exe
+    try:
+        from uv import find_uv_bin
+
+        return find_uv_bin()
+    except Exception as e:  # noqa: BLE001
+        raise InfraError("lock-error", f"uv not found ({e}); install envbuild's dependencies") from None
+
+
+def _uv_default_index() -> str:
+    """The index uv uses when nothing is configured, as uv itself reports it."""
+    with tempfile.TemporaryDirectory(prefix="envbuild-index-") as d:
+        req = Path(d) / "empty.in"
+        req.write_text("")
+        try:
+            out = subprocess.run([uv_exe(), "pip", "compile", str(req), "--emit-index-url", "--no-header",
+                                  "--quiet", "--no-config"], capture_output=True, text=True, timeout=60,
+                                 env={k: v for k, v in os.environ.items() if not k.startswith("UV_")})
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise InfraError("index-unreachable", f"cannot ask uv for its default index: {e}") from None
+    m = re.search(r"^--index-url\s+(\S+)", out.stdout, re.M)
+    if not m:
+        raise InfraError("index-unreachable", f"uv did not name its default index: {out.stderr.strip()[:300]}")
+    return m.group(1).rstrip("/")
 
 
 def redact(url: str) -> str:
@@ -106,17 +221,15 @@ def pytorch_index_url(root: str, variant: str) -> str:
     return check_index_url(f"{root.rstrip('/')}/{variant}", PYTORCH_INDEX_ENV)
 
 
-def torch_source(variant: str, torch_version: str, meta: "Metadata") -> TorchSource:
+def torch_source(variant: str, torch_version: str, meta: "Metadata", root: str | None = None) -> TorchSource:
+    """Where torch for `variant` comes from: the default index when the variant is that release's
+    default build, else the PyTorch index of the variant under ENVBUILD_PYTORCH_INDEX, the matrix's
+    `pytorch_index` (`root`) or the public PyTorch index, in that order."""
     default = meta.default_cuda(torch_version)
     if default == variant:
         return TorchSource(variant, default, None)
-    root = pytorch_index_root()
-    if not root:
-        raise InfraError(
-            "index-unreachable",
-            f"torch {torch_version} for {variant} is only on the PyTorch index (the default index "
-            f"serves {default}); no PyTorch index is configured: set {PYTORCH_INDEX_ENV} to its root "
-            f"(the folder holding cu124/, cu126/, ...)")
+    root = pytorch_index_root() or (check_index_url(root, "pytorch_index", "matrix").rstrip("/") if root
+                                    else PYTORCH_INDEX_DEFAULT)
     return TorchSource(variant, default, pytorch_index_url(root, variant))
 
 
@@ -193,6 +306,13 @@ class _RangeFile(io.RawIOBase):
         return len(data)
 
 
+def _remote_size(url: str) -> int:
+    """A file's size from a HEAD request (a PEP 503 page lists no sizes)."""
+    req = urllib.request.Request(url, method="HEAD")
+    with _opener().open(req, timeout=TIMEOUT) as r:
+        return int(r.headers["Content-Length"])
+
+
 def _wheel_metadata(url: str, size: int) -> str:
     """METADATA of a remote wheel: the zip's tail and one member, a few KB in all."""
     tail = min(size, 1 << 16)
@@ -232,6 +352,31 @@ def _cache_name(key: str) -> str:
     return "sha256-" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest() + ".json"
 
 
+class _Anchors(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.links: list[dict] = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "a":
+            self.links.append(dict(attrs))
+
+
+def _html_files(html: str, page_url: str) -> list[dict]:
+    """A PEP 503 page as PEP 691 file entries (no upload times: a PEP 503 index has none)."""
+    parser = _Anchors()
+    parser.feed(html)
+    files = []
+    for a in parser.links:
+        href = a.get("href") or ""
+        url, _, frag = href.partition("#")
+        algo, _, digest = frag.partition("=")
+        files.append({"filename": urllib.parse.unquote(url.rsplit("/", 1)[-1]),
+                      "url": urllib.parse.urljoin(page_url, url), "hashes": {algo: digest} if digest else {},
+                      "yanked": "data-yanked" in a, "size": None})
+    return files
+
+
 def _wheel_rank(filename: str) -> int:
     """Prefer the wheel a Linux x86_64 CPython 3.11 image would install."""
     if not filename.endswith(".whl"):
@@ -254,9 +399,9 @@ class Metadata:
     """
 
     def __init__(self, snapshot: str | Path | None = None, online: bool = True, index: str | None = None):
-        from .paths import cache_dir, data_dir
+        from .paths import cache_dir, metadata_snapshot
 
-        self.snapshot_path = Path(snapshot) if snapshot else data_dir("matrix") / "metadata.json"
+        self.snapshot_path = Path(snapshot) if snapshot else metadata_snapshot()
         self.online = online
         self._index = index
         self._cache = cache_dir() / "metadata"
@@ -279,8 +424,10 @@ class Metadata:
         if key not in self._files:
             url = f"{self.index}/{key}/"
             try:
-                with _open(url, {"Accept": "application/vnd.pypi.simple.v1+json"}) as r:
-                    self._files[key] = json.load(r)["files"]
+                with _open(url, {"Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.1"}) as r:
+                    body, ctype = r.read(), r.headers.get("Content-Type", "")
+                self._files[key] = (_html_files(body.decode("utf-8", "replace"), url) if "html" in ctype
+                                    else json.loads(body)["files"])
             except urllib.error.HTTPError as e:
                 if e.code == 404:
                     self._files[key] = []
@@ -348,13 +495,13 @@ class Metadata:
             from .errors import EnvbuildError
 
             raise EnvbuildError(f"{name} {version} is not on the index ({redact(self.index)})")
-        released = min(f["upload-time"] for f in files if f.get("upload-time"))
+        released = min((f["upload-time"] for f in files if f.get("upload-time")), default="")
         best = min(files, key=lambda f: _wheel_rank(f["filename"]))
         if not best["filename"].endswith(".whl"):
             raise InfraError("metadata-missing", f"{name} {version} has no wheel to read metadata from")
         url = urllib.parse.urljoin(f"{self.index}/{_norm(name)}/", best["url"])
         try:
-            text = _wheel_metadata(url, best["size"])
+            text = _wheel_metadata(url, best.get("size") or _remote_size(url))
         except (urllib.error.URLError, OSError, zipfile.BadZipFile, StopIteration) as e:
             raise InfraError("index-unreachable", f"reading metadata of {best['filename']}: {e}") from None
         from email.parser import HeaderParser
