@@ -117,6 +117,7 @@ class Matrix:
     include: list[dict[str, str]]
     exclude: list[ExcludeRule]
     lines: dict[tuple, int] = field(default_factory=dict, repr=False)
+    pytorch_index: str | None = None  # a mirror of the PyTorch index (root of cu126/, ...)
 
 
 @dataclass(frozen=True)
@@ -213,7 +214,8 @@ class _Checker:
         return v
 
 
-TOP_KEYS = {"schema", "image", "grace_days", "python", "cuda", "torch", "engines", "verl", "include", "exclude"}
+TOP_KEYS = {"schema", "image", "grace_days", "python", "cuda", "torch", "engines", "verl", "include", "exclude", "pytorch_index"}
+PYTORCH_INDEX_RE = re.compile(r"https?://[A-Za-z0-9._~:/@!&+,=%-]+")
 AXES = ("cuda", "python", "torch", "engine", "vllm", "sglang", "verl")
 
 
@@ -308,7 +310,10 @@ def load_matrix(path: str | Path) -> Matrix:
             c.fail(p, ex, "an exclusion must match at least one axis")
         exclude.append(ExcludeRule(match, reason, lines.get(p, 0)))
 
-    return Matrix(path, image, grace, python, cuda, torch, engines, verl, include, exclude, lines)
+    pt = data.get("pytorch_index")
+    pt = None if pt is None else c.string(pt, ("pytorch_index",), PYTORCH_INDEX_RE, "an http(s) URL")
+
+    return Matrix(path, image, grace, python, cuda, torch, engines, verl, include, exclude, lines, pytorch_index=pt)
 
 
 # --------------------------------------------------------------------------- expansion
