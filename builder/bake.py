@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 from . import image
@@ -143,7 +144,7 @@ def run(args) -> int:
         render_combo(c, lock, base_for(c, args.base), rendered_dir)
 
     rendered = collect_rendered(pl.combos, rendered_dir, render_missing)
-    repo = args.repo or m.image
+    repo, _ = image.repository_from_args(args, m.repository, lambda t: print(f"warning: {t}", file=sys.stderr))
     doc = bake_file(rendered, repo, args.cache or f"{repo}-buildcache")
     write_atomic(args.out, json.dumps(doc, indent=2) + "\n")
     shared = sum(1 for t in doc["target"] if t.startswith("layer-"))

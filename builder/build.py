@@ -19,14 +19,14 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import EnvbuildError, InfraError, InputError, exit_of_records
+from .image import REPOSITORY_ENV, add_repository_arg, build_labels, image_refs, repository_from_args
+from .index import pytorch_index_url
 from .probe_run import Target, VerdictCache, expect_of, probe_image, probe_levels, record_status
 from .vocab import PROBE_CHOICES, PROBE_PLAN
-from .index import pytorch_index_url
 
 CA_ENV = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
 DEFAULT_RESULTS = "results"
 DEFAULT_TIMEOUT = 3600
-LABEL = "org.envbuild"
 
 # Failure classes, most specific first: (cause, status, pattern over the build's last lines).
 # status "fail" is a verdict on the stack; "error" is infrastructure (never a verdict).
@@ -202,7 +202,7 @@ class RichProgress(PlainProgress):
 class Options:
     results: Path
     repo: str  # image repository, e.g. envbuild/verl or 127.0.0.1:5000/envbuild/verl
-    registry: bool  # repo names a registry (checked for existing content tags)
+    in_registry: bool  # repo is in a registry (checked for existing content tags, pushed to)
     push: bool = False
     base: str = "auto"
     suite: str = "bookworm"
@@ -214,23 +214,6 @@ class Options:
     torch_index_root: str | None = None
     rebuild: bool = False
     no_cache: bool = False
-
-
-def sanitize_tag(tag: str) -> str:
-    t = re.sub(r"[^A-Za-z0-9_.-]", "_", tag)
-    return t[:128]
-
-
-def repo_from_registry(registry: str | None, default_repo: str) -> tuple[str, bool]:
-    """--registry 127.0.0.1:5000 -> 127.0.0.1:5000/<default repo>; a full repo stays as is."""
-    if not registry:
-        return default_repo, False
-    reg = registry.rstrip("/")
-    if not re.fullmatch(r"[a-z0-9][a-z0-9._:/-]*", reg):
-        raise InputError("--registry", None, "registry", registry, "not a registry host[:port][/repository]")
-    if "/" not in reg:
-        return f"{reg}/{default_repo}", True
-    return reg, True
 
 
 def default_ca_bundle() -> str | None:
@@ -300,8 +283,7 @@ class Builder:
             return finish("render", "error", "render-error", str(e))
         timings["render"] = round(time.monotonic() - t, 3)
         chash = rendered.content_hash
-        content_ref = f"{o.repo}:{sanitize_tag(combo.hashed_tag(chash))}"
-        readable_ref = f"{o.repo}:{sanitize_tag(combo.tag)}"
+        content_ref, readable_ref = image_refs(o.repo, combo.tag, chash)
         rec.image = {"ref": content_ref, "tags": [content_ref, readable_ref], "content_hash": chash,
                      "id": None, "digest": None, "size": None, "reused": False}
 
@@ -310,7 +292,7 @@ class Builder:
             return finish("render", "error", "interrupted")
         t = time.monotonic()
         local = not o.rebuild and self.engine.image_exists(content_ref)
-        remote = not o.rebuild and not local and o.registry and self.engine.registry_has(content_ref)
+        remote = not o.rebuild and not local and o.in_registry and self.engine.registry_has(content_ref)
         if local or remote:
             rec.image["reused"] = True
             if remote and (o.probe != "none"):
@@ -325,8 +307,7 @@ class Builder:
         else:
             self.progress.update(cid, "building")
             tracker = StepTracker(lambda s: self.progress.step(cid, s))
-            labels = {f"{LABEL}.combo": cid, f"{LABEL}.content-hash": chash,
-                      f"{LABEL}.lock-hash": lr.lock_hash or "", f"{LABEL}.base": f"{base.kind}:{base.ref}"}
+            labels = build_labels(cid, chash, lr.lock_hash, base.kind, base.ref)
             from .docker import secret_files
 
             try:
@@ -519,8 +500,8 @@ def add_arguments(p) -> None:
 
     add_selector_args(p)
     p.add_argument("-j", "--jobs", type=int, default=1, help="combinations built at once (default 1)")
-    p.add_argument("--registry", help="registry (host:port) or full repository to tag for, check and push to")
-    p.add_argument("--push", action="store_true", help="push images to --registry and record their digests")
+    add_repository_arg(p)
+    p.add_argument("--push", action="store_true", help="push images to --repository and record their digests")
     p.add_argument("--base", default="auto",
                    help="nvidia (the matrix's CUDA devel image) | bootstrap (debootstrap base) | an image; "
                         "default auto: nvidia when it can be pulled, else bootstrap")
@@ -542,16 +523,16 @@ def options_from_args(args, default_repo: str) -> Options:
         raise InputError("command line", None, "--jobs", args.jobs, "must be at least 1")
     if args.timeout <= 0:
         raise InputError("command line", None, "--timeout", args.timeout, "must be positive")
-    if args.push and not args.registry:
-        raise InputError("command line", None, "--push", True, "needs --registry")
+    repo, in_registry = repository_from_args(args, default_repo, lambda t: print(f"warning: {t}", file=sys.stderr))
+    if args.push and not in_registry:
+        raise InputError("command line", None, "--push", True, f"needs --repository (or ${REPOSITORY_ENV})")
     ca = args.ca_bundle
     if ca is not None and not os.path.isfile(ca):
         raise InputError("command line", None, "--ca-bundle", ca, "no such file")
     ca = os.path.abspath(ca) if ca else default_ca_bundle()
-    repo, is_reg = repo_from_registry(args.registry, default_repo)
     from .index import PYTORCH_INDEX_ENV, default_index_url
 
-    return Options(results=Path(args.results).resolve(), repo=repo, registry=is_reg, push=args.push,
+    return Options(results=Path(args.results).resolve(), repo=repo, in_registry=in_registry, push=args.push,
                    base=args.base, suite=args.suite, probe=args.probe, jobs=args.jobs, timeout=args.timeout,
                    ca_bundle=ca, index_url=default_index_url(),
                    torch_index_root=os.environ.get(PYTORCH_INDEX_ENV) or None, rebuild=args.rebuild,
@@ -578,7 +559,7 @@ def run(args) -> int:
     meta = Metadata()
     m = matrix_from_args(args)
     pl = plan_from_args(args, meta)
-    opts = options_from_args(args, m.image)
+    opts = options_from_args(args, m.repository)
     opts.probe = _probe_level(opts.probe)
     engine = detect()
     opts.results.mkdir(parents=True, exist_ok=True)

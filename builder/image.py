@@ -20,11 +20,13 @@ transitive pin. Two images with one version hold the same packages; a later era 
 from __future__ import annotations
 
 import datetime as dt
+import os
 import re
 import subprocess
 from importlib import metadata
 from pathlib import Path
 
+from .errors import InputError
 from .matrix import content_tag
 
 NS = "org.envbuild"
@@ -111,3 +113,47 @@ def envbuild_revision() -> str:
         return f"envbuild {metadata.version('envbuild')}"
     except metadata.PackageNotFoundError:
         return "unknown"
+
+
+# ---------------------------------------------------------------- the repository images go to
+# One name for one concept: the repository ("127.0.0.1:5000/envbuild/verl"). The matrix's
+# `repository:` names its path; --repository / $ENVBUILD_REPOSITORY give the registry (host[:port],
+# the matrix's path is appended) or the whole repository. The old spellings (--registry, --repo,
+# $ENVBUILD_REPO, $ENVBUILD_REGISTRY, and `image:` in a matrix) work for one more release, with
+# a deprecation warning.
+REPOSITORY_ENV = "ENVBUILD_REPOSITORY"
+DEPRECATED_ENV = ("ENVBUILD_REPO", "ENVBUILD_REGISTRY")
+DEPRECATED_FLAGS = ("--registry", "--repo")
+_REPOSITORY_RE = re.compile(r"[a-z0-9](?:[a-z0-9._:/-]{0,253}[a-z0-9])?")
+
+
+def add_repository_arg(p, what: str = "tag for, check and push to") -> None:
+    import argparse
+
+    p.add_argument("--repository", metavar="REPO",
+                   help=f"registry (host:port) or full repository to {what} "
+                        f"(default: ${REPOSITORY_ENV}, else the matrix's repository, local)")
+    for old in DEPRECATED_FLAGS:
+        p.add_argument(old, dest="deprecated_" + old[2:], help=argparse.SUPPRESS)
+
+
+def repository_from_args(args, matrix_repository: str, warn) -> tuple[str, bool]:
+    """(repository, in a registry?) from --repository, the deprecated spellings, or the environment."""
+    given, source = getattr(args, "repository", None), "--repository"
+    for old in DEPRECATED_FLAGS:
+        v = getattr(args, "deprecated_" + old[2:], None)
+        if v:
+            warn(f"{old} is deprecated and goes away in the next release: use --repository")
+            given, source = given or v, source if given else old
+    for var in (REPOSITORY_ENV, *DEPRECATED_ENV):
+        if not given and os.environ.get(var):
+            if var != REPOSITORY_ENV:
+                warn(f"${var} is deprecated and goes away in the next release: use ${REPOSITORY_ENV}")
+            given, source = os.environ[var], "$" + var
+    if not given:
+        return matrix_repository, False
+    repo = given.rstrip("/")
+    if not _REPOSITORY_RE.fullmatch(repo) or "//" in repo:
+        raise InputError("command line" if source.startswith("-") else "environment", None, source, given,
+                         "not a registry host[:port] or a repository host[:port]/path")
+    return (repo if "/" in repo else f"{repo}/{matrix_repository}"), True

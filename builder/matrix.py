@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable
 
 from . import yamlsafe
 from .errors import InputError
-from .selector import Selectors, add_selector_args, narrow, selectors_from_args, version_matches  # noqa: F401
+from .selector import Selectors, add_selector_args, narrow, selectors_from_args, version_matches  # noqa: F401 - re-exported
 
 ENGINES = ("vllm", "sglang", "hf")
 # Field patterns, used with fullmatch. They end in \Z, not $ ($ also matches before a trailing
@@ -107,7 +107,7 @@ class ExcludeRule:
 @dataclass
 class Matrix:
     path: str
-    image: str
+    repository: str  # where images go, without a registry: envbuild/verl (image.repository_from_args)
     grace_days: int
     python: list[str]
     cuda: dict[str, CudaVariant]
@@ -214,7 +214,7 @@ class _Checker:
         return v
 
 
-TOP_KEYS = {"schema", "image", "grace_days", "python", "cuda", "torch", "engines", "verl", "include", "exclude", "pytorch_index"}
+TOP_KEYS = {"schema", "repository", "image", "grace_days", "python", "cuda", "torch", "engines", "verl", "include", "exclude", "pytorch_index"}
 PYTORCH_INDEX_RE = re.compile(r"https?://[A-Za-z0-9._~:/@!&+,=%-]+")
 AXES = ("cuda", "python", "torch", "engine", "vllm", "sglang", "verl")
 
@@ -229,7 +229,13 @@ def load_matrix(path: str | Path) -> Matrix:
     c.mapping(data, (), TOP_KEYS, required=("cuda", "python", "engines", "verl"))
     if type(data.get("schema", 1)) is not int or data.get("schema", 1) != 1:
         c.fail(("schema",), data["schema"], "unsupported schema (expected 1)")
-    image = c.string(data.get("image", "envbuild/verl"), ("image",), IMAGE_RE, "an image repository")
+    if "image" in data:  # the old name of `repository` (one release of grace)
+        if "repository" in data:
+            c.fail(("image",), data["image"], "give `repository` only (`image` is its deprecated name)")
+        import sys
+        print(f"warning: {path}:{lines.get(('image',))}: `image:` is deprecated, write `repository:`", file=sys.stderr)
+    key = "image" if "image" in data else "repository"
+    repository = c.string(data.get(key, "envbuild/verl"), (key,), IMAGE_RE, "an image repository")
     grace = data.get("grace_days", 14)
     if not isinstance(grace, int) or isinstance(grace, bool) or not 0 <= grace <= 365:
         c.fail(("grace_days",), grace, "expected an integer number of days (0-365)")
@@ -313,7 +319,7 @@ def load_matrix(path: str | Path) -> Matrix:
     pt = data.get("pytorch_index")
     pt = None if pt is None else c.string(pt, ("pytorch_index",), PYTORCH_INDEX_RE, "an http(s) URL")
 
-    return Matrix(path, image, grace, python, cuda, torch, engines, verl, include, exclude, lines, pytorch_index=pt)
+    return Matrix(path, repository, grace, python, cuda, torch, engines, verl, include, exclude, lines, pytorch_index=pt)
 
 
 # --------------------------------------------------------------------------- expansion

@@ -36,7 +36,7 @@ def run(args) -> int:
     print("  ".join(c.upper().ljust(w) for c, w in zip(cols, widths)))
     for r in rows:
         print("  ".join(str(r[c] or "-").ljust(w) for c, w in zip(cols, widths)))
-    image = matrix_from_args(args).image
+    image = matrix_from_args(args).repository
     print(f"{len(rows)} combination(s)" + (f", {len(pl.excluded)} excluded" if pl.excluded else "")
           + f"; each image is tagged {image}:<ID> (plus <ID>-<content hash> once rendered)")
     if args.all:

@@ -110,7 +110,7 @@ def fake_render(c, lr, base, out_dir):
 def make_builder(tmp_path, engine, *, lock=None, push=False, registry=False, probe="none", probe_fn=None,
                  ca=None, stop=None, jobs=1):
     opts = B.Options(results=tmp_path / "results", repo="127.0.0.1:5000/envbuild/verl" if registry else "envbuild/verl",
-                     registry=registry, push=push, probe=probe, jobs=jobs, timeout=60, ca_bundle=ca,
+                     in_registry=registry, push=push, probe=probe, jobs=jobs, timeout=60, ca_bundle=ca,
                      index_url="https://user:s3cret@index.example/simple")
     return B.Builder(opts, engine, lock_fn=lock or fake_lock(), render_fn=fake_render,
                      base_fn=lambda c: BaseRef("bootstrap", "envbuild/base:bookworm-py3-abc"),
@@ -348,7 +348,7 @@ def test_concurrency_runs_builds_at_once(tmp_path):
     assert len(recs) == 3 and peak[0] == 3
 
 
-def test_options_validation(tmp_path):
+def test_options_validation(tmp_path, monkeypatch, capsys):
     import argparse
 
     p = argparse.ArgumentParser()
@@ -359,11 +359,22 @@ def test_options_validation(tmp_path):
         B.options_from_args(p.parse_args(["--ca-bundle", str(tmp_path / "nope")]), "envbuild/verl")
     with pytest.raises(InputError, match="--jobs"):
         B.options_from_args(p.parse_args(["-j", "0"]), "envbuild/verl")
+    monkeypatch.delenv("ENVBUILD_REPOSITORY", raising=False)
+    monkeypatch.delenv("ENVBUILD_REPO", raising=False)
+    monkeypatch.delenv("ENVBUILD_REGISTRY", raising=False)
+    o = B.options_from_args(p.parse_args(["--repository", "127.0.0.1:5000", "--push"]), "envbuild/verl")
+    assert (o.repo, o.in_registry) == ("127.0.0.1:5000/envbuild/verl", True)
+    o = B.options_from_args(p.parse_args(["--repository", "127.0.0.1:5000/mine/img"]), "envbuild/verl")
+    assert (o.repo, o.in_registry) == ("127.0.0.1:5000/mine/img", True)
+    assert B.options_from_args(p.parse_args([]), "envbuild/verl").in_registry is False
+    with pytest.raises(InputError, match="--repository"):
+        B.options_from_args(p.parse_args(["--repository", "Bad Registry!"]), "envbuild/verl")
+    # the old spellings still work for a release, with a warning
     o = B.options_from_args(p.parse_args(["--registry", "127.0.0.1:5000", "--push"]), "envbuild/verl")
-    assert (o.repo, o.registry) == ("127.0.0.1:5000/envbuild/verl", True)
-    assert B.repo_from_registry("127.0.0.1:5000/mine/img", "envbuild/verl") == ("127.0.0.1:5000/mine/img", True)
-    with pytest.raises(InputError, match="registry"):
-        B.repo_from_registry("Bad Registry!", "envbuild/verl")
+    assert o.repo == "127.0.0.1:5000/envbuild/verl" and "--registry is deprecated" in capsys.readouterr().err
+    monkeypatch.setenv("ENVBUILD_REPO", "127.0.0.1:5000/x/y")
+    assert B.options_from_args(p.parse_args([]), "envbuild/verl").repo == "127.0.0.1:5000/x/y"
+    assert "$ENVBUILD_REPO is deprecated" in capsys.readouterr().err
 
 
 def test_ca_bundle_default_follows_pip_then_ssl_env(tmp_path, monkeypatch):
