@@ -135,7 +135,7 @@ def test_build_push_pull_and_no_secret_in_layers(services, base, tmp_path):
     refs: list[str] = []
     try:
         for sel in COMBOS:
-            p = cli("build", *sel, "--base", "bootstrap", "--registry", repo, "--push", "--ca-bundle", str(bundle),
+            p = cli("build", *sel, "--base", "bootstrap", "--repository", repo, "--push", "--ca-bundle", str(bundle),
                     "--results", str(results), "--timeout", "2400", env=env)
             assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
             assert f"images: {repo}" in p.stdout and str(results / "records") in p.stdout
@@ -193,7 +193,7 @@ def test_build_push_pull_and_no_secret_in_layers(services, base, tmp_path):
             refs.append(r.image["digest"])
 
         # a rerun is a no-op: the content tag is in the registry, nothing is rebuilt
-        p = cli("build", *COMBOS[1], "--base", "bootstrap", "--registry", repo, "--push", "--ca-bundle", str(bundle),
+        p = cli("build", *COMBOS[1], "--base", "bootstrap", "--repository", repo, "--push", "--ca-bundle", str(bundle),
                 "--results", str(results), env=env)
         assert p.returncode == 0, p.stderr[-2000:]
         again = latest_by_combo(results)[hf.combo["id"]]
