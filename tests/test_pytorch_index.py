@@ -1,0 +1,92 @@
+"""Which index: the configured default index read without pip (environment, uv's and pip's
+files), and the PyTorch index of a variant (public by default, a mirror from the environment or
+the matrix)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from envbuild import index as indexmod
+from envbuild.errors import InputError
+from envbuild.matrix import load_matrix
+from envbuild.paths import default_matrix
+
+
+@pytest.fixture
+def clean_env(monkeypatch, tmp_path):
+    for var in ("UV_DEFAULT_INDEX", "UV_INDEX_URL", "PIP_INDEX_URL", "UV_CONFIG_FILE", "UV_NO_CONFIG",
+                "PIP_CONFIG_FILE", "VIRTUAL_ENV", "XDG_CONFIG_DIRS"):
+        monkeypatch.delenv(var, raising=False)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
+    monkeypatch.setenv("XDG_CONFIG_DIRS", str(tmp_path / "xdg"))
+    monkeypatch.chdir(tmp_path)
+    indexmod.default_index_url.cache_clear()
+    yield home
+    indexmod.default_index_url.cache_clear()
+
+
+def test_environment_wins_in_uv_order(clean_env, monkeypatch):
+    monkeypatch.setenv("PIP_INDEX_URL", "https://pip.example/simple/")
+    assert indexmod.default_index_url() == "https://pip.example/simple"
+    indexmod.default_index_url.cache_clear()
+    monkeypatch.setenv("UV_DEFAULT_INDEX", "https://uv.example/simple")
+    assert indexmod.default_index_url() == "https://uv.example/simple"
+
+
+def test_pip_conf_files_are_read_later_overriding_earlier(clean_env, monkeypatch, tmp_path):
+    (clean_env / ".pip").mkdir()
+    (clean_env / ".pip" / "pip.conf").write_text("[global]\nindex-url = https://legacy.example/simple\n")
+    assert indexmod.default_index_url() == "https://legacy.example/simple"
+    indexmod.default_index_url.cache_clear()
+    (clean_env / ".config" / "pip").mkdir(parents=True)
+    (clean_env / ".config" / "pip" / "pip.conf").write_text("[global]\nindex-url = https://user.example/simple\n")
+    assert indexmod.default_index_url() == "https://user.example/simple"
+    indexmod.default_index_url.cache_clear()
+    env_file = tmp_path / "env.conf"
+    env_file.write_text("[install]\nindex-url = https://envfile.example/simple\n")
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(env_file))
+    assert indexmod.default_index_url() == "https://envfile.example/simple"
+
+
+def test_uv_config_files_come_before_pip_conf(clean_env):
+    (clean_env / ".config" / "pip").mkdir(parents=True)
+    (clean_env / ".config" / "pip" / "pip.conf").write_text("[global]\nindex-url = https://user.example/simple\n")
+    (clean_env / ".config" / "uv").mkdir(parents=True)
+    (clean_env / ".config" / "uv" / "uv.toml").write_text(
+        '[[index]]\nname = "team"\nurl = "https://team.example/simple"\ndefault = true\n')
+    assert indexmod.default_index_url() == "https://team.example/simple"
+    indexmod.default_index_url.cache_clear()
+    Path("pyproject.toml").write_text('[project]\nname = "x"\n[tool.uv]\nindex-url = "https://project.example/simple"\n')
+    assert indexmod.default_index_url() == "https://project.example/simple"
+
+
+def test_nothing_configured_asks_uv_and_never_imports_pip(clean_env):
+    code = ("import sys, builtins; real = builtins.__import__\n"
+            "def guard(name, *a, **k):\n"
+            "    assert not name.startswith('pip'), name\n"
+            "    return real(name, *a, **k)\n"
+            "builtins.__import__ = guard\n"
+            "from envbuild.index import default_index_url; print(default_index_url())")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().startswith("https://") and p.stdout.strip().endswith("/simple")
+
+
+def test_matrix_names_a_pytorch_index_mirror(tmp_path):
+    src = Path(default_matrix()).read_text()
+    good = tmp_path / "m.yaml"
+    good.write_text(src + '\npytorch_index: "https://mirror.example/whl"\n')
+    assert load_matrix(good).pytorch_index == "https://mirror.example/whl"
+    assert load_matrix(default_matrix()).pytorch_index is None
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(src + '\npytorch_index: "file:///srv/whl"\n')
+    with pytest.raises(InputError) as e:
+        load_matrix(bad)
+    assert "pytorch_index" in str(e.value)
