@@ -3,6 +3,9 @@ YAML and interpolation, unknown keys refused as verl refuses them."""
 
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -194,3 +197,11 @@ def test_cli_config_file_and_bad_input(tmp_path, run_cli):
                                 "are a Hydra sweep; write a list as [a,b] or quote the string")
     p = run_cli("doctor", "--config", tmp_path / "nope.yaml")
     assert p.returncode == 2 and "nope.yaml" in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.network
+def test_recorded_config_is_what_the_released_wheel_composes_to():
+    """ci/record_verl_config.py --check downloads the wheel again and composes it: no hand edits."""
+    script = Path(__file__).resolve().parent.parent / "ci" / "record_verl_config.py"
+    p = subprocess.run([sys.executable, str(script), "--check", "0.4.1"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "0.4.1: ok" in p.stdout, p.stdout + p.stderr[-2000:]
