@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .verdict import FAIL, NEEDS_GPU, NOT_APPLICABLE
+from .verdict import FAIL, NEEDS_GPU, NEEDS_HOME, NEEDS_NETWORK, NOT_APPLICABLE
 
 ENGINES = ("vllm", "sglang", "hf")
 # Top-level modules of engines the probe knows; a module of *another* engine is not applicable.
@@ -61,6 +61,12 @@ def classify_message(text: str, engine: str | None = None) -> Classified:
     ):
         if re.search(pat, t):
             return Classified(NEEDS_GPU, "needs-gpu", why)
+    net = _network(t)
+    if net is not None:
+        return Classified(NEEDS_NETWORK, "needs-network", net)
+    m = re.search(r"(Read-only file system|Permission denied): '([^']+)'", t)
+    if m and _under_home(m.group(2)):
+        return Classified(NEEDS_HOME, "needs-writable-home", f"writes {m.group(2)} ({m.group(1)})")
     if "no kernel image is available for execution on the device" in t:
         return Classified(FAIL, "no-kernel-image", "wheel not built for this GPU architecture")
     m = re.search(r"undefined symbol: (\S+)", t)
@@ -107,7 +113,58 @@ def classify_message(text: str, engine: str | None = None) -> Classified:
     return Classified(FAIL, "exception", _first_line(t)[:500])
 
 
+# What an import that reaches for the network prints when the host is offline (or the probe's
+# guard refused the connection): requests/urllib3, urllib, huggingface_hub, DNS.
+_NETWORK = re.compile(
+    r"envbuild-probe: network blocked|Max retries exceeded|Failed to establish a new connection|"
+    r"Temporary failure in name resolution|Name or service not known|nodename nor servname|"
+    r"Network is unreachable|urlopen error|getaddrinfo failed|OfflineModeIsEnabled|offline mode is enabled|"
+    r"HF_HUB_OFFLINE|couldn't connect to 'https?://|LocalEntryNotFoundError|"
+    r"Cannot find the requested files in the (?:disk )?cache and outgoing traffic has been disabled")
+
+
+def _network(t: str) -> str | None:
+    if not _NETWORK.search(t):
+        return None
+    m = re.search(r"https?://[^\s'\")>]+", t) or re.search(r"host='([^']+)'", t) or re.search(r"\(([\w.\-]+:\d+)\)", t)
+    what = m.group(m.lastindex or 0) if m else ""
+    return f"reaches the network at import{' (' + what + ')' if what else ''}; fails offline"
+
+
+def _under_home(path: str) -> bool:
+    import os
+    home = os.path.expanduser("~")
+    return bool(home) and home != "/" and os.path.abspath(path).startswith(home.rstrip("/") + "/")
+
+
+def _chain(exc: BaseException, limit: int = 8) -> list[BaseException]:
+    """The exception and what it was raised from or while handling, outermost first."""
+    out = []
+    while exc is not None and len(out) < limit and exc not in out:
+        out.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return out
+
+
 def classify_exception(exc: BaseException, engine: str | None = None) -> Classified:
+    """Classify the exception; an environment need anywhere in its chain wins: an engine that
+    falls back to another engine's kernels because libcuda is missing needs a GPU, and a module
+    whose download failed offline needs the network, whatever the last error says."""
+    c = _classify_one(exc, engine)
+    if c.status in (NEEDS_GPU, NEEDS_NETWORK, NEEDS_HOME):
+        return c
+    for inner in _chain(exc)[1:]:
+        ci = _classify_one(inner, engine)
+        if ci.status in (NEEDS_GPU, NEEDS_NETWORK, NEEDS_HOME):
+            ci.detail = f"{ci.detail} (then: {c.detail})"[:1500]
+            return ci
+    return c
+
+
+def _classify_one(exc: BaseException, engine: str | None) -> Classified:
+    if isinstance(exc, OSError) and exc.errno in (1, 13, 30) and isinstance(exc.filename, str) \
+            and _under_home(exc.filename):
+        return Classified(NEEDS_HOME, "needs-writable-home", f"writes {exc.filename} ({exc.strerror})")
     text = f"{type(exc).__name__}: {exc}"
     c = classify_message(text, engine)
     if c.cause == "exception":

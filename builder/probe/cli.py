@@ -10,8 +10,8 @@ import time
 import traceback
 
 from .verdict import ERROR, Verdict, write_json
+from .vocab import LEVELS
 
-LEVELS = ("env", "contract", "gpu")
 EXIT = {"pass": 0, "fail": 1, "error": 2, "needs-gpu": 3}
 
 
@@ -44,19 +44,23 @@ def run(args: argparse.Namespace) -> Verdict:
     if "gpu" in upto:
         _warm_cuda()
     try:
+        background = None
+        if "contract" in upto:
+            from .contract import Background  # its reading starts now, beside torch's import
+            background = Background.start(args.engine)
         from .env_level import run_env
-        with v.timed("env"):
+        with v.timed("env"), v.at_level("env"):
             run_env(v, expect, args.engine)
         if "contract" in upto:
             from .contract import run_contract
-            with v.timed("contract"):
-                run_contract(v, expect, args.engine)
+            with v.timed("contract"), v.at_level("contract"):
+                run_contract(v, expect, args.engine, background)
         if "gpu" in upto:
             from .gpu_level import GpuOptions, run_gpu
             opt = GpuOptions(prompts=args.prompts, n=args.n, max_tokens=args.max_tokens,
                              engine_dtype=args.engine_dtype, tol_max=args.tol_max, tol_mean=args.tol_mean,
                              seed=args.seed, scratch=args.scratch)
-            with v.timed("gpu"):
+            with v.timed("gpu"), v.at_level("gpu"):
                 run_gpu(v, expect, args.engine, opt)
     except Exception:  # a bug in the probe is "error", never a verdict on the stack
         v.add("probe", ERROR, traceback.format_exc()[-2000:], "probe-error")

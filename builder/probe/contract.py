@@ -5,12 +5,19 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import os
 import re
+import subprocess
+import sys
 import time
+from dataclasses import asdict
 
-from .classify import classify_exception
-from .verdict import FAIL, NEEDS_GPU, NOT_APPLICABLE, PASS, Verdict
+from .classify import ENGINE_MODULES, classify_exception
+from .envguard import guard
+from .ownership import applies, owner, verl_extras
+from .staticimports import ModuleIndex, check_module
+from .verdict import FAIL, NEEDS_GPU, NEEDS_HOME, NEEDS_NETWORK, NOT_APPLICABLE, PASS, Verdict
 
 # verl folders whose modules touch the rollout engine (discovered by name, not listed by hand).
 ENGINE_FACING = ("rollout", "sharding_manager")
@@ -24,13 +31,14 @@ def gpu_present() -> bool:
         return False
 
 
-def discover_verl_modules() -> list[str] | None:
+def discover_verl_modules(root: str | None = None) -> list[str] | None:
     """Every module under a verl folder named *rollout* or *sharding_manager*, found on disk
     without importing verl (its __init__ may be what is broken)."""
-    spec = importlib.util.find_spec("verl")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    root = list(spec.submodule_search_locations)[0]
+    if root is None:
+        spec = importlib.util.find_spec("verl")
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        root = list(spec.submodule_search_locations)[0]
     mods = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d != "__pycache__" and not d.startswith("."))
@@ -84,28 +92,62 @@ def _undeclared_optional(e: BaseException, declared: set[str] | None) -> str | N
     return None
 
 
-def _import_check(v: Verdict, name: str, engine: str, on_gpu: bool, declared: set[str] | None = None) -> None:
+def _import_check(v: Verdict, name: str, engine: str, on_gpu: bool, declared: set[str] | None = None,
+                  own: bool = False) -> None:
+    """Import one module under the environment guard. `own`: the module belongs to this
+    combination's engine, so an error naming another engine is a failure, not not-applicable."""
     t0 = time.perf_counter()
-    try:
-        importlib.import_module(name)
-    except BaseException as e:  # SystemExit and friends included: an import must not end the probe
-        if isinstance(e, KeyboardInterrupt):
-            raise
-        c = classify_exception(e, engine)
-        status = FAIL if (c.status == NEEDS_GPU and on_gpu) else c.status
-        opt = _undeclared_optional(e, declared) if status == FAIL else None
-        if opt:
-            status, c.cause = NOT_APPLICABLE, "optional-dependency"
-            c.detail = f"needs {opt}, which verl does not declare (an optional feature's dependency)"
-        v.add(f"import:{name}", status, c.detail, c.cause, time.perf_counter() - t0)
+    with guard() as needs:
+        try:
+            importlib.import_module(name)
+            err = None
+        except BaseException as e:  # SystemExit and friends included: an import must not end the probe
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            err = e
+    check = f"import:{name}"
+    if err is None:
+        c = v.add(check, PASS, seconds=time.perf_counter() - t0)
+        _caveats(v, c, name, needs)
         return
-    v.add(f"import:{name}", PASS, seconds=time.perf_counter() - t0)
+    c = classify_exception(err, engine)
+    status = FAIL if (c.status == NEEDS_GPU and on_gpu) else c.status
+    if own and status == NOT_APPLICABLE and c.cause == "other-engine":
+        status, c.cause = FAIL, "engine-module-broken"
+        c.detail = f"a module of this combination's engine ({engine}) fails: {c.detail}"
+    opt = _undeclared_optional(err, declared) if status == FAIL else None
+    if opt:
+        status, c.cause = NOT_APPLICABLE, "optional-dependency"
+        c.detail = f"needs {opt}, which verl does not declare (an optional feature's dependency)"
+    if status == NEEDS_NETWORK and needs.network:
+        c.detail = f"fetches {', '.join(needs.network[:3])} at import; fails offline"
+    chk = v.add(check, status, c.detail, c.cause, time.perf_counter() - t0)
+    _caveats(v, chk, name, needs)
 
 
-def run_contract(v: Verdict, expect: dict, engine: str) -> None:
+def _caveats(v: Verdict, c, module: str, needs) -> None:
+    """Environment needs seen while importing: caveats on the verdict, named on the check."""
+    notes = []
+    if needs.network or c.status == NEEDS_NETWORK:
+        what = ", ".join(needs.network[:3]) or c.detail
+        v.caveat(NEEDS_NETWORK, c.name, module, what)
+        notes.append(f"fetches {what} at import" + (" (works offline)" if c.status == PASS else ""))
+    if needs.home or c.status == NEEDS_HOME:
+        what = ", ".join(needs.home[:3]) or c.detail
+        v.caveat(NEEDS_HOME, c.name, module, what)
+        notes.append(f"writes {what} at import")
+    if notes and c.status == PASS:
+        c.detail = "; ".join(notes)
+
+
+def run_contract(v: Verdict, expect: dict, engine: str, background: "Background | None" = None) -> None:
     on_gpu = gpu_present()
-    # verl: the package itself, then every engine-facing module.
+    bg = background or Background.start(engine)
+    # verl: the package itself, then every engine-facing module; another engine's or a missing
+    # backend's modules (by path and imports, ownership.py) are not applicable and not imported.
     mods = discover_verl_modules()
+    static = bg.static() if mods is not None else None
+    owners = (static or {}).get("owners", {})
     if mods is None:
         if expect.get("verl"):
             v.add("verl-modules", FAIL, "verl is not installed", "module-missing")
@@ -114,15 +156,22 @@ def run_contract(v: Verdict, expect: dict, engine: str) -> None:
     else:
         with v.timed("import_verl"):
             _import_check(v, "verl", engine, on_gpu)
-            if v.checks[-1].status == PASS:
+            if v.checks[-1].status in (PASS, NEEDS_NETWORK, NEEDS_HOME):
                 declared = verl_declared()
                 for m in mods:
-                    _import_check(v, m, engine, on_gpu, declared)
+                    o = owners.get(m)
+                    if o and not o["judged"]:
+                        v.add(f"import:{m}", NOT_APPLICABLE, o["detail"], o["cause"])
+                        continue
+                    _import_check(v, m, engine, on_gpu, declared, own=bool(o and engine in o["engines"]))
         n = {s: sum(1 for c in v.checks if c.name.startswith("import:verl.") and c.status == s)
-             for s in (PASS, FAIL, NEEDS_GPU, NOT_APPLICABLE)}
+             for s in (PASS, FAIL, NEEDS_GPU, NOT_APPLICABLE, NEEDS_NETWORK, NEEDS_HOME)}
         v.metrics["verl_modules"] = {"discovered": len(mods), **n}
+        if static is not None:
+            with v.timed("static_imports"):
+                _static_checks(v, static)
 
-    # The engine's entry points and the API features the gpu level relies on.
+    # The engine's entry points and the API features the gpu level relies on, where they apply.
     from .engines import api_checks
     with v.timed("engine_api"):
         for name, status, detail, cause in api_checks(engine):
@@ -130,31 +179,184 @@ def run_contract(v: Verdict, expect: dict, engine: str) -> None:
                 status = FAIL
             v.add(f"api:{name}", status, detail, cause)
 
-    # Native extensions against the installed torch.
-    from .extcheck import check_extensions
+    # Native extensions against the installed torch (scanned by a child process meanwhile).
     t0 = time.perf_counter()
     try:
-        rep = check_extensions()
+        rep = bg.extensions()
     except BaseException as e:
         c = classify_exception(e, engine)
         v.add("native-extensions", "error", c.detail, "probe-error", time.perf_counter() - t0)
         return
+    v.timings["native_extensions_wait"] = round(time.perf_counter() - t0, 4)
+    v.timings["native_extensions"] = bg.ext_seconds
     v.metrics["native_extensions"] = rep.scanned
     by_kind: dict[str, list] = {}
     for p in rep.problems:
         by_kind.setdefault(p.kind, []).append(p)
     for kind, ps in sorted(by_kind.items()):
-        status = FAIL
         lines = [f"{p.dist}: {p.file}: {p.what}" for p in ps[:20]]
         if len(ps) > 20:
             lines.append(f"... and {len(ps) - 20} more")
-        v.add(f"native:{kind}", status, "\n".join(lines), kind)
+        v.add(f"native:{kind}", FAIL, "\n".join(lines), kind)
     if not rep.problems:
         detail = ", ".join(f"{k} ({n} .so)" for k, n in sorted(rep.scanned.items()) if n) or "no native extensions found"
         if rep.driver_libs:
             detail += f"; from the driver at run time: {', '.join(sorted(rep.driver_libs))}"
         if rep.optional_missing:
             detail += f"; optional plugins' libraries absent: {', '.join(sorted(rep.optional_missing))}"
-        v.add("native-extensions", PASS, detail, seconds=time.perf_counter() - t0)
-    else:
-        v.timings["native_extensions"] = round(time.perf_counter() - t0, 4)
+        v.add("native-extensions", PASS, detail, seconds=bg.ext_seconds)
+
+
+def _static_checks(v: Verdict, static: dict) -> None:
+    """One `static:<module>` check per verl module of this engine. Where the import check judged
+    the module (pass or fail), the import wins for what runs at import; the static finding is
+    shown beside it. Imports inside functions are only ever judged here."""
+    imports = {c.name[len("import:"):]: c for c in v.checks if c.name.startswith("import:")}
+    for mod, res in sorted(static.get("static", {}).items()):
+        finds = res["findings"]
+        imp = imports.get(mod)
+        decided = imp is not None and imp.status in (PASS, FAIL)
+        lines, failing = [], []
+        for f in finds:
+            line = (f"{f['file']}:{f['line']} {'(in a function) ' if f['function'] else ''}"
+                    f"from {f['module']} import {f['name']}: {f['where']}" if f["name"] else
+                    f"{f['file']}:{f['line']} import {f['module']}: {f['where']}")
+            lines.append(line)
+            if f["function"] or not decided:
+                failing.append(line)
+        if imp is not None and imp.status == FAIL and lines:
+            imp.detail = f"{imp.detail}\nstatic: " + "\nstatic: ".join(lines[:5])
+        if failing:
+            v.add(f"static:{mod}", FAIL, "\n".join(failing[:20]), "static-import-missing")
+        elif lines:
+            v.add(f"static:{mod}", PASS, f"import check judged it ({imp.status}); static: " + "; ".join(lines[:5]))
+        else:
+            v.add(f"static:{mod}", PASS, f"{res['checked']} imports of {', '.join(static['targets'])} resolve")
+
+
+def static_report(engine: str, paths: list[str] | None = None) -> dict:
+    """Ownership of verl's modules and the static import contract of this engine's ones
+    (standard library only; run by a child process while the parent imports)."""
+    t0 = time.perf_counter()
+    index = ModuleIndex(paths)
+    loc = index.find("verl")
+    if loc is None or loc.kind != "package":
+        return {"owners": {}, "static": {}, "targets": [], "seconds": 0.0}
+
+    def installed(top: str) -> bool:
+        return index.find(top) is not None
+
+    extras = verl_extras()
+    engine_version = _dist_version(engine) if engine in ("vllm", "sglang") else None
+    facing = set(discover_verl_modules(loc.dirs[0]) or [])
+    targets = sorted(ENGINE_MODULES.get(engine, set()) | {"torch"} | ({"transformers"} if engine == "hf" else set()))
+    owners, static = {}, {}
+    needles = [t.encode() for t in ENGINE_MODULES.get(engine, set())] + [b"vllm", b"sglang"]
+    for mod in _all_modules(loc.dirs[0]):
+        if mod not in facing and not _mentions(index, mod, needles):
+            continue  # neither engine-facing nor touching an engine: no syntax tree needed
+        o = owner(mod, index, installed, extras)
+        judged, cause, detail = applies(o, engine, installed, engine_version)
+        if mod in facing or o.engines or o.backends:
+            owners[mod] = {"engines": sorted(o.engines), "backends": sorted(o.backends), "why": o.why,
+                           "judged": judged, "cause": cause, "detail": detail}
+        if judged and (mod in facing or engine in o.engines):
+            r = check_module(index, mod, set(targets))
+            if r is not None:
+                static[mod] = {"checked": r[1], "findings": [asdict(f) for f in r[0]]}
+    return {"owners": owners, "static": static, "targets": targets, "seconds": round(time.perf_counter() - t0, 4)}
+
+
+def _mentions(index: ModuleIndex, mod: str, needles: list[bytes]) -> bool:
+    loc = index.find(mod)
+    try:
+        with open(loc.path, "rb") as f:
+            text = f.read()
+    except (OSError, AttributeError):
+        return False
+    return any(n in text for n in needles)
+
+
+def _dist_version(name: str) -> str | None:
+    import importlib.metadata as md
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+
+
+def _all_modules(root: str) -> list[str]:
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__" and not d.startswith("."))
+        if "__init__.py" not in filenames:
+            dirnames[:] = []
+            continue
+        rel = os.path.relpath(dirpath, root)
+        parts = ["verl"] + ([] if rel == "." else rel.split(os.sep))
+        out.append(".".join(parts))
+        out += [".".join(parts + [f[:-3]]) for f in sorted(filenames) if f.endswith(".py") and f != "__init__.py"]
+    return out
+
+
+class Background:
+    """The contract level's CPU-bound reading (syntax trees, ELF files) in child processes, so it
+    runs on another core while this process imports torch and verl. Falls back to running here
+    when a child cannot start or says nothing usable."""
+
+    def __init__(self, engine: str):
+        self.engine = engine
+        self.procs: dict[str, tuple] = {}
+        self.ext_seconds = 0.0
+
+    @classmethod
+    def start(cls, engine: str, parallel: bool = True) -> "Background":
+        b = cls(engine)
+        if parallel:
+            for job in ("static", "ext"):
+                b._spawn(job)
+        return b
+
+    def _spawn(self, job: str) -> None:
+        pkg = __package__ or "envbuild.probe"
+        parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        if "." in pkg:  # envbuild.probe: the folder holding `envbuild`
+            parent = os.path.dirname(parent)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (parent, os.environ.get("PYTHONPATH")) if p)}
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", f"{pkg}.worker", job, self.engine, os.pathsep.join(sys.path)],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd="/")
+        except OSError:
+            return
+        self.procs[job] = (proc, time.perf_counter())
+
+    def _result(self, job: str, timeout: float = 300):
+        if job not in self.procs:
+            return None
+        proc, _t0 = self.procs.pop(job)
+        try:
+            out, _err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            return None
+        try:
+            return json.loads(out) if proc.returncode == 0 else None
+        except ValueError:
+            return None
+
+    def static(self) -> dict:
+        got = self._result("static")
+        return got if isinstance(got, dict) and "owners" in got else static_report(self.engine)
+
+    def extensions(self):
+        from .extcheck import ExtProblem, ExtReport, check_extensions
+        t0 = time.perf_counter()
+        got = self._result("ext")
+        if isinstance(got, dict) and "scanned" in got:
+            self.ext_seconds = got.get("seconds", 0.0)
+            return ExtReport(got["scanned"], [ExtProblem(**p) for p in got["problems"]],
+                             set(got["driver_libs"]), set(got["optional_missing"]))
+        rep = check_extensions()
+        self.ext_seconds = round(time.perf_counter() - t0, 4)
+        return rep

@@ -12,7 +12,7 @@ import inspect
 import os
 
 from .classify import classify_exception
-from .verdict import FAIL, PASS
+from .verdict import FAIL, NOT_APPLICABLE, PASS
 
 
 # ----------------------------------------------------------------------------- API checks
@@ -37,10 +37,66 @@ def _need(name: str, have: set[str], want: set[str]):
     return (name, PASS, ", ".join(sorted(want)), None)
 
 
-def api_checks(engine: str) -> list[tuple[str, str, str, str | None]]:
+# When each check applies: {distribution: PEP 440 specifier}, all must hold (a missing
+# distribution never matches). Outside, the check is not-applicable: the shapes it asks for did
+# not exist yet, and the stacks of that era do not use them.
+APPLIES: dict[str, dict[str, str]] = {
+    "fsdp2": {"torch": ">=2.4"},  # fully_shard appeared in torch 2.4 (torch.distributed._composable.fsdp)
+    "transformers": {"transformers": ">=4.38"},  # GenerationConfig(output_logits) era; older ones lack Qwen2 pieces
+    "vllm": {"vllm": ">=0.6.3"},  # prompt_token_ids dicts, EngineArgs fields (shared/reference/probe.md)
+    "sglang": {"sglang": ">=0.4.4"},  # sglang.Engine(...) offline API
+}
+
+
+def applies_to(name: str, versions=None) -> tuple[bool, str]:
+    """(applies?, why not) for the API check `name` against installed versions."""
+    from .env_level import dist_version
+    from .versions import satisfies
+    versions = versions or dist_version
+    for dist, spec in APPLIES.get(name, {}).items():
+        seen = versions(dist)
+        try:
+            ok = satisfies(seen, spec)
+        except ValueError:
+            ok = True  # an unparsable version: check rather than skip
+        if not ok:
+            return False, f"applies to {dist}{spec}; installed {dist} {seen or 'none'}"
+    if name == "fsdp2":
+        uses = verl_uses("fully_shard")
+        if uses is False:
+            return False, "the installed verl never uses FSDP2 (no fully_shard in its sources)"
+    return True, ""
+
+
+def verl_uses(word: str) -> bool | None:
+    """Does the installed verl's source mention `word`? None when verl is not installed."""
+    import importlib.util
+    spec = importlib.util.find_spec("verl")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    needle = word.encode()
+    for root in spec.submodule_search_locations:
+        for dirpath, dirnames, files in os.walk(root):
+            dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+            for f in files:
+                if f.endswith(".py"):
+                    try:
+                        with open(os.path.join(dirpath, f), "rb") as fh:
+                            if needle in fh.read():
+                                return True
+                    except OSError:
+                        continue
+    return False
+
+
+def api_checks(engine: str, versions=None) -> list[tuple[str, str, str, str | None]]:
     out = []
 
     def guarded(name, fn):
+        ok, why = applies_to(name, versions)
+        if not ok:
+            out.append((name, NOT_APPLICABLE, why, "version-out-of-range"))
+            return
         try:
             res = fn()
             out.extend(res if isinstance(res, list) else [res])
@@ -83,6 +139,7 @@ VLLM_ENGINE_ARGS = {"model", "dtype", "enforce_eager", "gpu_memory_utilization",
 def _check_vllm():
     from vllm import LLM, SamplingParams
     from vllm.engine.arg_utils import EngineArgs
+    LLM = engine_class(LLM, "vllm.entrypoints.llm:LLM")
     res = [_need("vllm-engine-args", _fields(EngineArgs), VLLM_ENGINE_ARGS)]
     SamplingParams(n=4, logprobs=0, max_tokens=8, temperature=1.0, top_p=1.0, top_k=-1)
     res.append(("vllm-sampling-params", PASS, "SamplingParams(n, logprobs=0, max_tokens, temperature, top_p, top_k)", None))
@@ -96,10 +153,28 @@ SGLANG_SERVER_ARGS = {"model_path", "mem_fraction_static", "skip_tokenizer_init"
                       "disable_radix_cache", "random_seed", "dtype"}
 
 
+def engine_class(obj, *homes: str):
+    """The class behind an entry point. Some releases export a function that builds the engine
+    lazily (`def Engine(*a, **kw)`); its class then lives in one of `homes` ('module:Name')."""
+    if inspect.isclass(obj):
+        return obj
+    import importlib
+    for home in homes:
+        mod, _, attr = home.partition(":")
+        try:
+            cls = getattr(importlib.import_module(mod), attr, None)
+        except ImportError:
+            continue
+        if inspect.isclass(cls):
+            return cls
+    raise AttributeError(f"{getattr(obj, '__qualname__', obj)} is a {type(obj).__name__}, and no engine class "
+                         f"was found in {', '.join(homes)}")
+
+
 def _check_sglang():
     import sglang
     from sglang.srt.server_args import ServerArgs
-    Engine = sglang.Engine
+    Engine = engine_class(sglang.Engine, "sglang.srt.entrypoints.engine:Engine", "sglang.srt.server:Engine")
     return [
         _need("sglang-server-args", _fields(ServerArgs), SGLANG_SERVER_ARGS),
         _need("sglang-generate", _params(Engine.generate), {"input_ids", "sampling_params", "return_logprob"}),

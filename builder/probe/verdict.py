@@ -16,6 +16,10 @@ from dataclasses import asdict, dataclass, field
 # first, and the second belongs to an engine or backend the combination does not include.
 PASS, FAIL, NEEDS_GPU, NOT_APPLICABLE, SKIPPED, ERROR = (
     "pass", "fail", "needs-gpu", "not-applicable", "skipped", "error")
+# Environment needs: caveats, not verdicts. The stack works where the need is met (a host that can
+# reach the network, a writable home); the verdict's status ignores them and `caveats` lists them.
+NEEDS_NETWORK, NEEDS_HOME = "needs-network", "needs-writable-home"
+CAVEATS = (NEEDS_NETWORK, NEEDS_HOME)
 
 SCHEMA = 1
 
@@ -27,6 +31,7 @@ class Check:
     detail: str = ""
     cause: str | None = None  # classified cause when not pass, e.g. "undefined-symbol"
     seconds: float = 0.0
+    level: str | None = None  # env | contract | gpu: the level that wrote it (the table reads it)
 
 
 @dataclass
@@ -40,13 +45,30 @@ class Verdict:
     gpu: dict = field(default_factory=dict)
     peak_gpu_mem: int | None = None  # bytes, max over ranks
     metrics: dict = field(default_factory=dict)  # numbers the gpu level measured (tolerances etc.)
+    # Environment needs met by no check's failure: {"kind": needs-network|needs-writable-home,
+    # "check": name, "module": ..., "what": what it fetches / writes}.
+    caveats: list[dict] = field(default_factory=list)
     started: float = field(default_factory=time.time)
+    current_level: str | None = None  # set by at_level(); stamped on every check added meanwhile
 
     def add(self, name: str, status: str, detail: str = "", cause: str | None = None,
             seconds: float = 0.0) -> Check:
-        c = Check(name, status, detail[:2000], cause, round(seconds, 4))
+        c = Check(name, status, detail[:2000], cause, round(seconds, 4), self.current_level or self.level)
         self.checks.append(c)
         return c
+
+    def caveat(self, kind: str, check: str, module: str, what: str) -> None:
+        item = {"kind": kind, "check": check, "module": module, "what": what}
+        if item not in self.caveats:
+            self.caveats.append(item)
+
+    @contextmanager
+    def at_level(self, level: str):
+        prev, self.current_level = self.current_level, level
+        try:
+            yield
+        finally:
+            self.current_level = prev
 
     @contextmanager
     def timed(self, stage: str):
@@ -66,12 +88,13 @@ class Verdict:
         d["schema"] = SCHEMA
         d["cause"] = first_cause(self.checks)
         d["timings"].setdefault("total", round(time.time() - self.started, 4))
-        del d["started"]
+        del d["started"], d["current_level"]
         return d
 
 
 def overall_status(statuses: list[str]) -> str:
-    """error (the probe itself broke) > fail > needs-gpu > pass."""
+    """error (the probe itself broke) > fail > needs-gpu > pass. Caveats (needs-network,
+    needs-writable-home) and not-applicable leave it at pass."""
     if ERROR in statuses:
         return "error"
     if FAIL in statuses:
