@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from .docker import pusher_for
 from .errors import EnvbuildError, InfraError, InputError, exit_of_records
 from .image import REPOSITORY_ENV, add_repository_arg, build_labels, image_refs, repository_from_args
 from .index import pytorch_index_url
@@ -214,6 +215,7 @@ class Options:
     torch_index_root: str | None = None
     rebuild: bool = False
     no_cache: bool = False
+    compression: str = "gzip"  # of pushed layers: gzip | zstd (envbuild.docker.pusher_for)
 
 
 def default_ca_bundle() -> str | None:
@@ -344,8 +346,8 @@ class Builder:
                 if remote:
                     rec.image["digest"] = self.engine.remote_digest(content_ref)
                 else:
-                    rec.image["digest"] = self.engine.push(content_ref)
-                    self.engine.push(readable_ref)
+                    rec.image["digest"] = self.engine.push(content_ref, compression=o.compression)
+                    self.engine.push(readable_ref, compression=o.compression)
             except InfraError as e:
                 return finish("push", "error", "daemon-error", str(e))
             timings["push"] = round(time.monotonic() - t, 3)
@@ -456,7 +458,7 @@ def _render_adapter():
     from .render import Base, render_combo
 
     # render writes OUT/<combo id>/ (Dockerfile, locks, probe) and hashes that whole context.
-    return lambda combo, lr, base, out: render_combo(combo, lr, Base(base.kind, base.ref), out)
+    return lambda combo, lr, base, out: render_combo(combo, lr, base, out)
 
 
 def _base_adapter(engine, spec: str, suite: str, say):
@@ -474,7 +476,7 @@ def _base_adapter(engine, spec: str, suite: str, say):
                     # air-gapped path (bootstrap), said out loud and recorded.
                     ref = combo.base_image
                     if ref and (engine.image_exists(ref) or _try_pull(engine, ref)):
-                        cache[key] = BaseRef("nvidia", ref)
+                        cache[key] = resolve_base(engine, "nvidia", combo, suite=suite, log=say)
                     else:
                         say(f"base: {ref or 'nvidia image'} cannot be pulled here; using the bootstrap base")
                         cache[key] = bootstrap(engine, suite=suite, log=say)
@@ -516,6 +518,8 @@ def add_arguments(p) -> None:
                    help="probe even when this image content was already probed by this probe version")
     p.add_argument("--no-cache", action="store_true",
                    help="ignore BuildKit's layer cache (a cold build; download caches stay)")
+    p.add_argument("--compression", default="gzip", choices=("gzip", "zstd"),
+                   help="layers pushed as gzip (default, every client) or zstd (OCI media types; needs skopeo)")
 
 
 def options_from_args(args, default_repo: str) -> Options:
@@ -536,7 +540,7 @@ def options_from_args(args, default_repo: str) -> Options:
                    base=args.base, suite=args.suite, probe=args.probe, jobs=args.jobs, timeout=args.timeout,
                    ca_bundle=ca, index_url=default_index_url(),
                    torch_index_root=os.environ.get(PYTORCH_INDEX_ENV) or None, rebuild=args.rebuild,
-                   no_cache=args.no_cache)
+                   no_cache=args.no_cache, compression=args.compression)
 
 
 def _probe_level(spec: str) -> str:
@@ -562,6 +566,8 @@ def run(args) -> int:
     opts = options_from_args(args, m.repository)
     opts.probe = _probe_level(opts.probe)
     engine = detect()
+    if opts.push:
+        pusher_for(engine, opts.compression)  # no zstd pusher here: say so before building
     opts.results.mkdir(parents=True, exist_ok=True)
     tty = sys.stdout.isatty()
     prog_cls = RichProgress if tty else PlainProgress

@@ -92,6 +92,7 @@ class Engine:
     client: str
     mode: str  # "buildx" | "buildkit"
     server_version: str = ""
+    last_push_tool: str = ""  # what the last push ran: docker | skopeo
 
     # -- plumbing ---------------------------------------------------------------------------
     def _env(self) -> dict:

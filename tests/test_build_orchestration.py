@@ -69,7 +69,7 @@ class FakeEngine:
     def pull(self, ref, timeout=0):
         self.local.add(ref)
 
-    def push(self, ref):
+    def push(self, ref, compression="gzip"):
         self.pushed.append(ref)
         dig = "sha256:" + hashlib.sha256(ref.encode()).hexdigest()
         self.remote[ref] = dig
