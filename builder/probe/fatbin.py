@@ -1,0 +1,163 @@
+"""Which GPU architectures native code carries, read from ELF files without a GPU or CUDA tools.
+
+A CUDA library keeps its kernels in the ELF section `.nv_fatbin`: a run of fat-binary containers
+(header magic 0xBA55ED50), each a run of entries, one per compiled variant: SASS (a cubin for one
+`sm_XY`) or PTX (for a virtual `compute_XY`, compiled by the driver at load). Only the entry
+headers are read (seek past the payloads), so even a 1 GB libtorch_cuda takes well under a second.
+
+Compatibility rules (NVIDIA's CUDA compatibility guide): a cubin for sm_XY runs on a GPU of the
+same major X with minor >= Y, except arch-specific variants (sm_90a, sm_100a: flagged here when
+the header marks them, and counted for that exact GPU only); PTX for compute_XY is JIT-compiled
+for any GPU with compute capability >= XY. A GPU with neither fails with "no kernel image is
+available for execution on the device".
+
+Standard library only: this runs inside images as part of the probe.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass, field
+
+FATBIN_MAGIC = 0xBA55ED50
+KIND_PTX, KIND_SASS = 1, (2, 0x10)  # 0x10: a cubin stored the alternate way; cuobjdump lists it as ELF
+# Entry header: kind, ?, header size, payload size (8-aligned, with padding), stored size, ?, minor, arch.
+_ENTRY = struct.Struct("<HHIQIII I")
+# GPU product names -> compute capability (major*10+minor). Grace-Hopper/Blackwell superchips carry
+# the same GPU as their discrete parts.
+GPUS = {
+    "V100": 70, "T4": 75, "A100": 80, "A30": 80, "A10": 86, "A10G": 86, "A40": 86, "RTX3090": 86,
+    "L4": 89, "L40": 89, "L40S": 89, "RTX4090": 89, "H100": 90, "H200": 90, "H20": 90, "GH200": 90,
+    "B200": 100, "GB200": 100, "B300": 103, "GB300": 103, "RTX5090": 120, "RTXPRO6000": 120,
+}
+
+
+@dataclass
+class Coverage:
+    """The variants one file (or one package, merged) carries."""
+    sass: set[int] = field(default_factory=set)
+    ptx: set[int] = field(default_factory=set)
+
+    def merge(self, other: "Coverage") -> None:
+        self.sass |= other.sass
+        self.ptx |= other.ptx
+
+    def runs_on(self, cc: int) -> bool:
+        if any(s // 10 == cc // 10 and s <= cc for s in self.sass):
+            return True
+        return any(p <= cc for p in self.ptx)
+
+    def to_dict(self) -> dict:
+        return {"sass": [f"sm_{s}" for s in sorted(self.sass)], "ptx": [f"compute_{p}" for p in sorted(self.ptx)]}
+
+    def empty(self) -> bool:
+        return not self.sass and not self.ptx
+
+
+def parse_sm(value: str) -> int | None:
+    """`sm_90`, `sm90`, `90`, `9.0`, `compute_90`, or a product name (H100, GB200) -> 90."""
+    s = str(value).strip()
+    name = s.upper().replace(" ", "").replace("-", "")
+    if name in GPUS:
+        return GPUS[name]
+    s = s.lower().removeprefix("compute_").removeprefix("sm_").removeprefix("sm").rstrip("a")
+    if "." in s:
+        a, _, b = s.partition(".")
+        return int(a) * 10 + int(b) if a.isdigit() and b.isdigit() and len(b) == 1 else None
+    return int(s) if s.isdigit() and 10 <= int(s) <= 200 else None
+
+
+def _fatbin_range(f) -> tuple[int, int] | None:
+    """(offset, size) of the `.nv_fatbin` section of an ELF64 little-endian file, or None."""
+    head = f.read(64)
+    if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+        return None
+    shoff, = struct.unpack_from("<Q", head, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", head, 0x3A)
+    if not shoff or shentsize < 64 or shnum == 0 or shstrndx >= shnum:
+        return None
+    f.seek(shoff)
+    table = f.read(shentsize * shnum)
+    if len(table) < shentsize * shnum:
+        return None
+
+    def sh(i):
+        return struct.unpack_from("<IIQQQQ", table, i * shentsize)  # name, type, flags, addr, offset, size
+
+    _, _, _, _, str_off, str_size = sh(shstrndx)
+    f.seek(str_off)
+    names = f.read(min(str_size, 1 << 20))
+    for i in range(shnum):
+        name_off, sh_type, _, _, off, size = sh(i)
+        end = names.find(b"\0", name_off)
+        if names[name_off:end] == b".nv_fatbin" and sh_type != 8:  # 8: SHT_NOBITS
+            return off, size
+    return None
+
+
+def read_coverage(path: str | os.PathLike) -> Coverage:
+    """The SASS and PTX architectures in one ELF file (empty: no CUDA kernels, or not ELF)."""
+    cov = Coverage()
+    with open(path, "rb") as f:
+        rng = _fatbin_range(f)
+        if not rng:
+            return cov
+        start, size = rng
+        pos, end = start, start + size
+        while pos + 16 <= end:
+            f.seek(pos)
+            hdr = f.read(16)
+            magic, _version, hsize, fat_size = struct.unpack("<IHHQ", hdr)
+            if magic != FATBIN_MAGIC:
+                pos += 8  # containers are 8-aligned; padding between them is zero
+                continue
+            epos, eend = pos + hsize, min(pos + hsize + fat_size, end)
+            while epos + _ENTRY.size <= eend:
+                f.seek(epos)
+                kind, _, ehsize, payload, _, _, _, arch = _ENTRY.unpack(f.read(_ENTRY.size))
+                if ehsize < _ENTRY.size:
+                    break  # not an entry: the container is damaged; stop reading it
+                if kind == KIND_PTX:
+                    cov.ptx.add(arch)
+                elif kind in KIND_SASS:
+                    cov.sass.add(arch)
+                epos += ehsize + payload
+            pos = max(eend, pos + 16)
+    return cov
+
+
+def is_elf_library(name: str) -> bool:
+    return name.endswith(".so") or ".so." in name
+
+
+def scan(root: str | os.PathLike) -> dict[str, Coverage]:
+    """{file path relative to root: coverage} for every shared library with CUDA kernels under root."""
+    out: dict[str, Coverage] = {}
+    for dirpath, _dirs, files in os.walk(root):
+        for n in files:
+            if not is_elf_library(n):
+                continue
+            p = os.path.join(dirpath, n)
+            if os.path.islink(p):
+                continue
+            try:
+                cov = read_coverage(p)
+            except (OSError, struct.error):
+                continue
+            if not cov.empty():
+                out[os.path.relpath(p, root)] = cov
+    return out
+
+
+def supported(coverages: dict[str, Coverage], candidates=None) -> tuple[list[int], dict[int, list[str]]]:
+    """(GPUs every file runs on, {GPU: files that lack it}) over the known compute capabilities."""
+    ccs = sorted(set(candidates or GPUS.values()))
+    ok, missing = [], {}
+    for cc in ccs:
+        lacking = sorted(k for k, c in coverages.items() if not c.runs_on(cc))
+        if lacking:
+            missing[cc] = lacking
+        else:
+            ok.append(cc)
+    return ok, missing

@@ -1,0 +1,75 @@
+"""GPU architecture coverage read from ELF fatbins, checked against NVIDIA's own cuobjdump on a real
+CUDA library (both from NVIDIA's wheels on the package index)."""
+
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from envbuild.probe.fatbin import Coverage, parse_sm, read_coverage, scan, supported
+
+WHEELS = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "envbuild-tests" / "wheels"
+
+
+def _wheel(name: str) -> Path:
+    WHEELS.mkdir(parents=True, exist_ok=True)
+    found = sorted(WHEELS.glob(name.replace("-", "_") + "-*.whl"))
+    if not found:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                        "-d", str(WHEELS), name], check=True, timeout=900)
+        found = sorted(WHEELS.glob(name.replace("-", "_") + "-*.whl"))
+    return found[-1]
+
+
+@pytest.fixture(scope="module")
+def nvidia(tmp_path_factory):
+    root = tmp_path_factory.mktemp("nvidia")
+    for name in ("nvidia-curand-cu12", "nvidia-cuda-cuobjdump"):
+        with zipfile.ZipFile(_wheel(name)) as z:
+            z.extractall(root)
+    cuobjdump = next(root.rglob("bin/cuobjdump"))
+    cuobjdump.chmod(0o755)
+    return root, cuobjdump
+
+
+def _cuobjdump_archs(exe: Path, lib: Path, what: str) -> set[int]:
+    out = subprocess.run([str(exe), f"--list-{what}", str(lib)], capture_output=True, text=True, check=True).stdout
+    return {int(m) for m in re.findall(r"\.sm_(\d+)a?\.(?:cubin|ptx)", out)}
+
+
+@pytest.mark.network
+def test_reader_agrees_with_cuobjdump_on_a_real_cuda_library(nvidia):
+    root, exe = nvidia
+    lib = next(root.rglob("libcurand.so*"))
+    cov = read_coverage(lib)
+    assert cov.sass == _cuobjdump_archs(exe, lib, "elf") and cov.sass
+    assert cov.ptx == _cuobjdump_archs(exe, lib, "ptx")
+    found = scan(root)
+    assert any(k.endswith(lib.name) for k in found)  # the scanner finds it; cuobjdump itself has no kernels
+    assert not any("cuobjdump" in k for k in found)
+
+
+def test_compatibility_rules_and_gpu_names():
+    hopper_only = Coverage(sass={90})
+    assert hopper_only.runs_on(90) and not hopper_only.runs_on(100) and not hopper_only.runs_on(89)
+    ampere = Coverage(sass={80})
+    assert ampere.runs_on(86) and ampere.runs_on(89) and not ampere.runs_on(90)  # same major only
+    ptx = Coverage(sass={80}, ptx={80})
+    assert ptx.runs_on(90) and ptx.runs_on(120)  # JIT from PTX for any later GPU
+    assert parse_sm("H200") == 90 and parse_sm("GB200") == 100 and parse_sm("B300") == 103
+    assert parse_sm("sm_90") == parse_sm("9.0") == parse_sm("sm_90a") == parse_sm("compute_90") == 90
+    assert parse_sm("banana") is None
+    ok, missing = supported({"a.so": hopper_only, "b.so": ptx}, [80, 90, 100])
+    assert ok == [90] and missing == {80: ["a.so"], 100: ["a.so"]}
+
+
+def test_files_without_kernels_are_empty(tmp_path):
+    (tmp_path / "x.so").write_bytes(b"\x7fELF" + b"\0" * 200)
+    (tmp_path / "y.so.1").write_bytes(b"not an elf")
+    assert read_coverage(tmp_path / "x.so").empty() and read_coverage(tmp_path / "y.so.1").empty()
+    assert scan(tmp_path) == {}
+    assert read_coverage(sys.executable).empty()
