@@ -229,11 +229,8 @@ def load_matrix(path: str | Path) -> Matrix:
     c.mapping(data, (), TOP_KEYS, required=("cuda", "python", "engines", "verl"))
     if type(data.get("schema", 1)) is not int or data.get("schema", 1) != 1:
         c.fail(("schema",), data["schema"], "unsupported schema (expected 1)")
-    if "image" in data:  # the old name of `repository` (one release of grace)
-        if "repository" in data:
-            c.fail(("image",), data["image"], "give `repository` only (`image` is its deprecated name)")
-        import sys
-        print(f"warning: {path}:{lines.get(('image',))}: `image:` is deprecated, write `repository:`", file=sys.stderr)
+    if "image" in data and "repository" in data:  # `image` is the old name of `repository` (one release of grace)
+        c.fail(("image",), data["image"], "give `repository` only (`image` is its deprecated name)")
     key = "image" if "image" in data else "repository"
     repository = c.string(data.get(key, "envbuild/verl"), (key,), IMAGE_RE, "an image repository")
     grace = data.get("grace_days", 14)
@@ -319,6 +316,9 @@ def load_matrix(path: str | Path) -> Matrix:
     pt = data.get("pytorch_index")
     pt = None if pt is None else c.string(pt, ("pytorch_index",), PYTORCH_INDEX_RE, "an http(s) URL")
 
+    if "image" in data:  # warned only for a matrix that loads: a bad one gets its one error line
+        import sys
+        print(f"warning: {path}:{lines.get(('image',))}: `image:` is deprecated, write `repository:`", file=sys.stderr)
     return Matrix(path, repository, grace, python, cuda, torch, engines, verl, include, exclude, lines, pytorch_index=pt)
 
 

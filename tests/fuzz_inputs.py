@@ -1,8 +1,8 @@
 """Hostile inputs for the fuzz suite (tests/test_fuzz.py) and its longer run (bench/fuzz.py).
 
 Every generator takes a random.Random, so hypothesis drives it in the tests (st.randoms) and a
-seed drives it in the bench. A run is judged by `judge`: exit 0/1/2/3, one line on stderr when
-non-zero, no traceback, inside a time bound, nothing written outside the temporary folder.
+seed drives it in the bench. A run is judged by Outcome.problems: exit 0/1/2/3, one error line on
+stderr when non-zero (after any `warning:` lines), no traceback, inside a time bound, nothing written outside the temporary folder.
 """
 
 from __future__ import annotations
@@ -169,7 +169,9 @@ class Outcome:
             out.append(f"hang: {self.seconds:.1f} s")
         if self.rc is not None and self.rc not in EXIT_CODES:
             out.append(f"exit {self.rc}")
-        if self.rc and len(self.stderr.strip().splitlines()) != 1:
+        # a warning (e.g. a deprecated key) may come first; the error itself is one line
+        errors = [ln for ln in self.stderr.strip().splitlines() if not ln.startswith("warning: ")]
+        if self.rc and len(errors) != 1:
             out.append(f"stderr is not one line: {self.stderr[:300]!r}")
         if "Traceback" in self.stderr:
             out.append("traceback on stderr")
