@@ -1,11 +1,15 @@
 """How fast is `envbuild pick` on a signed table of 1,000 rows, signature check included?
 
-Goal (issue 5): under 200 ms. Builds a synthetic result set (1,000 combinations, 1-3 records
-each, a mix of verified/broken/untested), publishes and signs it with a fresh key, then times:
-  warm      load_table (read + DSSE/Ed25519 verify + JSON parse) + pick, in a warm process
+Goal (issues 5 and 15): under 200 ms. Builds a synthetic result set (1,000 combinations, 1-3
+records each, a mix of verified/broken/untested), publishes and signs it with a fresh key, then
+times (every check included: signature, expiry, serial against the state dir, typed rows):
+  warm      load_verified (read + DSSE/Ed25519 verify + JSON parse + typed rows + freshness) +
+            pick, in a warm process
   cold      the same in a fresh interpreter, imports included, interpreter start-up excluded
-  cli       the whole `python -m envbuild pick ...` process, wall clock (cli_cpu: its CPU time,
-            less sensitive to a busy machine; cli_pyc: with bytecode caching allowed)
+  cli       the whole `python -m envbuild pick --table T` process with $ENVBUILD_PUBKEY, wall
+            clock (cli_cpu: its CPU time, less sensitive to a busy machine; cli_pyc: with bytecode
+            caching allowed)
+  cli_cfg   `envbuild pick --vllm 0.8.4` with nothing else: table and key from config.toml
   startup   `python -c pass`, for scale: this machine's interpreter start-up alone
 Prints a table and writes JSON (default bench/out/pick_speed.json).
 
@@ -72,11 +76,11 @@ def synth_records(n_rows: int):
 COLD = r"""
 import sys, time
 t0 = time.perf_counter()
-from envbuild.verify import load_table
+from envbuild.verify import load_verified
 from envbuild.pick import pick
-t = load_table(sys.argv[1], sys.argv[2])
+t, _ = load_verified(sys.argv[1], sys.argv[2])
 row, _ = pick(t, {"vllm": "0.8.4"})
-print(time.perf_counter() - t0, row["image"]["pinned"] if row else None)
+print(time.perf_counter() - t0, row.pinned if row else None)
 """
 
 
@@ -93,10 +97,14 @@ def main() -> int:
     a = ap.parse_args()
 
     from envbuild.pick import pick
-    from envbuild.verify import load_table
+    from envbuild.verify import load_verified
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
+        # Our own state and config dirs: never the user's trust pins or default table.
+        os.environ["ENVBUILD_STATE"], os.environ["ENVBUILD_CONFIG"] = str(tmp / "state"), str(tmp / "config")
+        for k in ("ENVBUILD_TABLE", "ENVBUILD_PUBKEY"):
+            os.environ.pop(k, None)
         n = 0
         for r in synth_records(a.rows):
             write_record(tmp / "results", r)
@@ -105,13 +113,13 @@ def main() -> int:
         t0 = time.perf_counter()
         table = publish(tmp / "results", priv, tmp / "table")
         publish_s = time.perf_counter() - t0
-        assert len(table["rows"]) == a.rows, len(table["rows"])
+        assert len(table.rows) == a.rows, len(table.rows)
         size = (tmp / "table" / "compat.json").stat().st_size
 
         warm = []
         for _ in range(a.repeat):
             t0 = time.perf_counter()
-            t = load_table(tmp / "table", pub)
+            t, _ = load_verified(tmp / "table", pub)
             row, _ = pick(t, {"vllm": "0.8.4"})
             warm.append(time.perf_counter() - t0)
         assert row is not None
@@ -122,11 +130,15 @@ def main() -> int:
         env_pyc = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
         pick_argv = [sys.executable, "-m", "envbuild", "pick", "--vllm", "0.8.4", "--table", str(tmp / "table")]
         subprocess.run(pick_argv, capture_output=True, env=env_pyc, check=True)
-        cold, cli, cli_pyc, cli_cpu, startup = [], [], [], [], []
+        (tmp / "config").mkdir()
+        (tmp / "config" / "config.toml").write_text(f'table = "{tmp / "table"}"\npubkey = "{pub}"\n')
+        env_cfg = {k: v for k, v in env.items() if k != "ENVBUILD_PUBKEY"}
+        cfg_argv = [sys.executable, "-m", "envbuild", "pick", "--vllm", "0.8.4"]
+        cold, cli, cli_pyc, cli_cpu, cli_cfg, startup = [], [], [], [], [], []
         for _ in range(max(3, a.repeat // 4)):
             out = subprocess.run([sys.executable, "-c", COLD, str(tmp / "table"), str(pub)],
                                  capture_output=True, text=True, check=True).stdout.split()
-            assert out[1] == row["image"]["pinned"]
+            assert out[1] == row.pinned
             cold.append(float(out[0]))
             ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.perf_counter()
@@ -134,25 +146,29 @@ def main() -> int:
             cli.append(time.perf_counter() - t0)
             ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
             cli_cpu.append(ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime)
-            assert p.returncode == 0 and p.stdout.strip() == row["image"]["pinned"], p.stderr
+            assert p.returncode == 0 and p.stdout.strip() == row.pinned, p.stderr
             t0 = time.perf_counter()
             p = subprocess.run(pick_argv, capture_output=True, text=True, env=env_pyc)
             cli_pyc.append(time.perf_counter() - t0)
             assert p.returncode == 0
+            t0 = time.perf_counter()
+            p = subprocess.run(cfg_argv, capture_output=True, text=True, env=env_cfg, cwd=tmp)
+            cli_cfg.append(time.perf_counter() - t0)
+            assert p.returncode == 0 and p.stdout.strip() == row.pinned, p.stderr
             t0 = time.perf_counter()
             subprocess.run([sys.executable, "-c", "pass"], check=True)
             startup.append(time.perf_counter() - t0)
 
     res = {"rows": a.rows, "records": n, "table_bytes": size, "publish_s": round(publish_s, 2),
            "warm": ms(warm), "cold": ms(cold), "cli": ms(cli), "cli_cpu": ms(cli_cpu),
-           "cli_pyc": ms(cli_pyc), "startup": ms(startup),
+           "cli_pyc": ms(cli_pyc), "cli_cfg": ms(cli_cfg), "startup": ms(startup),
            "loadavg_1m": round(os.getloadavg()[0], 2), "cpus": os.cpu_count(),
            "goal_ms": 200, "python": sys.version.split()[0],
            "pythondontwritebytecode": bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))}
     print(f"pick on a signed table of {a.rows} rows ({n} records, compat.json {size / 1e6:.2f} MB; "
           f"publish {publish_s:.1f} s); load average {res['loadavg_1m']} on {res['cpus']} CPUs")
     print(f"{'measure':<10}{'median ms':>11}{'p95 ms':>9}{'n':>4}  goal < 200 ms")
-    for k in ("warm", "cold", "cli", "cli_cpu", "cli_pyc", "startup"):
+    for k in ("warm", "cold", "cli", "cli_cpu", "cli_pyc", "cli_cfg", "startup"):
         ok = "" if k == "startup" else ("ok" if res[k]["median_ms"] < 200 else "OVER")
         print(f"{k:<10}{res[k]['median_ms']:>11}{res[k]['p95_ms']:>9}{res[k]['n']:>4}  {ok}")
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,8 @@
 Verifies the table's signature first. Only rows whose status is "verified" (digest present,
 probe passed, no level failed) and whose best level reaches --level are candidates; among them
 the highest level wins, then the newest verl, engine, torch, then the newest verdict. When
-nothing qualifies, it says which rows matched the selection and why each was not good enough.
+nothing qualifies, it says which rows matched the selection and why each was not good enough,
+and exits 1 (a verdict: nothing verified fits); there is no exception for that, run() returns 1.
 """
 
 from __future__ import annotations
@@ -13,17 +14,15 @@ import sys
 
 from packaging.version import InvalidVersion, Version
 
-from .errors import EnvbuildError
-from .table import parse_pinned
+from .row import LEVELS, Combo, Row, Table, parse_pinned
+
+# `verify` (and with it urllib, ssl, the config reader) is imported inside run(): `pick`'s whole
+# process must start in under 200 ms on a 1,000-row signed table (bench/pick_speed.py measures it).
 
 LEVEL_RANK = {None: 0, "env": 1, "contract": 2, "gpu": 3}
 DEFAULT_LEVEL = "contract"  # env only proves versions; contract proves verl's rollout imports
 EXPLAIN_MAX = 25  # lines of explanation on a terminal; --json lists every rejected row
 SELECTORS = ("cuda", "vllm", "sglang", "verl", "torch", "python")
-
-
-class NoMatch(EnvbuildError):
-    exit_code = 1
 
 
 def norm_cuda(v: object) -> str:
@@ -51,77 +50,78 @@ def _ver(v: object):
         return (0, Version("0"))
 
 
-def matches(row: dict, sel: dict) -> bool:
-    c = row.get("combo") or {}
+def matches(row: Row, sel: dict) -> bool:
+    return matches_combo(row.combo, sel)
+
+
+def matches_combo(c: Combo, sel: dict) -> bool:
     for name, want in sel.items():
         if want is None:
             continue
         if name == "cuda":
-            if norm_cuda(c.get("cuda")) != norm_cuda(want):
+            if norm_cuda(c.cuda) != norm_cuda(want):
                 return False
         elif name in ("vllm", "sglang"):
-            if c.get("engine") != name or not version_matches(want, c.get("engine_version")):
+            if c.engine != name or not version_matches(want, c.engine_version):
                 return False
         elif name == "engine":
-            if c.get("engine") != want:
+            if c.engine != want:
                 return False
         elif not version_matches(want, c.get(name)):
             return False
     return True
 
 
-def rank_key(row: dict):
-    c = row.get("combo") or {}
-    newest = max((row["levels"][lv].get("created") or "" for lv in row["levels"]), default="")
-    return (LEVEL_RANK.get(row.get("best_level"), 0), _ver(c.get("verl")), _ver(c.get("engine_version")),
-            _ver(c.get("torch")), newest, row["id"])
+def rank_key(row: Row):
+    c = row.combo
+    return (LEVEL_RANK.get(row.best_level, 0), _ver(c.verl), _ver(c.engine_version), _ver(c.torch),
+            row.newest(), row.id)
 
 
-def why_not(row: dict, min_level: str) -> str:
+def _state(name: str, e) -> str:
+    return f"{name} {e.status}" + (f" ({e.cause})" if e.cause else "")
+
+
+def why_not(row: Row, min_level: str) -> str:
     """One line: why a matching row is not an answer."""
-    st, lv = row.get("status"), row.get("levels") or {}
-    if st == "verified" and not (row.get("image") or {}).get("pinned"):
+    st, best = row.status, row.best_level
+    if st == "verified" and not row.pinned:
         return "marked verified but has no digest: refused"
     if st == "broken":
-        f = row.get("failure") or {}
-        d = f" - {f['detail'].splitlines()[-1]}" if f.get("detail") else ""
-        return f"broken at {f.get('level')}: {f.get('cause')}{d}"
+        f = row.failure
+        d = f" - {f.detail.splitlines()[-1]}" if f and f.detail.strip() else ""
+        return f"broken at {f.level if f else None}: {f.cause if f else None}{d}"
     if st == "untested":
-        undecided = [f"{k} {v['status']}" + (f" ({v['cause']})" if v.get("cause") else "")
-                     for k, v in lv.items() if v["status"] != "not-run"]
-        b = row.get("build") or {}
-        if b.get("status") == "error":
-            undecided.insert(0, f"build error ({b.get('cause')})")
+        undecided = [_state(k, v) for k, v in row.levels.items() if v.status != "not-run"]
+        if row.build.status == "error":
+            undecided.insert(0, f"build error ({row.build.cause})")
         what = ", ".join(undecided) or "never probed"
         return f"no verdict yet: {what}; infrastructure errors and needs-gpu are not verdicts"
     if st == "unpinned":
         return "passed, but the image was never pushed: no digest to pin"
-    if st == "verified" and LEVEL_RANK.get(row.get("best_level"), 0) >= LEVEL_RANK[min_level]:
+    if st == "verified" and LEVEL_RANK.get(best, 0) >= LEVEL_RANK[min_level]:
         return "inconsistent row (its levels do not support its status): refused"
     if st == "verified":
-        nxt = [k for k in ("env", "contract", "gpu") if LEVEL_RANK[k] > LEVEL_RANK.get(row.get("best_level"), 0)]
-        state = ", ".join(f"{k} {lv[k]['status']}" + (f" ({lv[k]['cause']})" if lv[k].get("cause") else "")
-                          for k in nxt if LEVEL_RANK[k] <= LEVEL_RANK[min_level])
-        return f"verified only up to {row.get('best_level')} (< {min_level}): {state}"
+        nxt = [k for k in LEVELS if LEVEL_RANK[k] > LEVEL_RANK.get(best, 0) and LEVEL_RANK[k] <= LEVEL_RANK[min_level]]
+        return f"verified only up to {best} (< {min_level}): " + ", ".join(_state(k, row.level(k)) for k in nxt)
     return f"status {st!r}"
 
 
-def eligible(row: dict, need: int) -> bool:
+def eligible(row: Row, need: int) -> bool:
     """Re-derived from the levels, not only from status/best_level: an inconsistent row is refused."""
-    lv = row.get("levels") or {}
-    if row.get("status") != "verified" or not parse_pinned((row.get("image") or {}).get("pinned")):
+    if row.status != "verified" or not parse_pinned(row.pinned):
         return False
-    if LEVEL_RANK.get(row.get("best_level"), 0) < need:
+    rank = LEVEL_RANK.get(row.best_level, 0)
+    if rank < need or rank == 0:
         return False
-    if any((lv.get(k) or {}).get("status") in ("fail", "timeout") for k in ("env", "contract", "gpu")):
+    if any(row.level(k).status in ("fail", "timeout") for k in LEVELS):
         return False
-    return all((lv.get(k) or {}).get("status") == "pass" for k in ("env", "contract", "gpu")
-               if LEVEL_RANK[k] <= LEVEL_RANK[row["best_level"]])
+    return all(row.level(k).status == "pass" for k in LEVELS if LEVEL_RANK[k] <= rank)
 
 
-def pick(table: dict, sel: dict, min_level: str = DEFAULT_LEVEL) -> tuple[dict | None, list[dict]]:
+def pick(table: Table, sel: dict, min_level: str = DEFAULT_LEVEL) -> tuple[Row | None, list[Row]]:
     """(best row or None, the matching rows that were not good enough)."""
-    rows = [r for r in table["rows"] if matches(r, sel)]
+    rows = table.where(lambda c: matches_combo(c, sel))
     need = LEVEL_RANK[min_level]
     good = [r for r in rows if eligible(r, need)]
     if good:
@@ -129,28 +129,27 @@ def pick(table: dict, sel: dict, min_level: str = DEFAULT_LEVEL) -> tuple[dict |
     return None, rows
 
 
-def explain_empty(table: dict, sel: dict, rejected: list[dict], min_level: str) -> list[str]:
+def explain_empty(table: Table, sel: dict, rejected: list[Row], min_level: str) -> list[str]:
     asked = " ".join(f"--{k} {v}" for k, v in sel.items() if v is not None) or "(no selectors)"
     if not rejected:
         lines = [f"no combination in the table matches {asked}"]
         for name in (k for k, v in sel.items() if v is not None):
-            avail = sorted({_available(r, name) for r in table["rows"]} - {None}, key=_ver)
+            avail = sorted({_available(c, name) for c in table.combos()} - {None}, key=_ver)
             lines.append(f"  {name} in the table: {', '.join(avail) or 'none'}")
         return lines
     lines = [f"no verified image at level {min_level} or above matches {asked}; "
              f"{len(rejected)} combination(s) match:"]
-    shown = sorted(rejected, key=lambda r: r["id"])
+    shown = sorted(rejected, key=lambda r: r.id)
     for r in shown[:EXPLAIN_MAX]:
-        lines.append(f"  {r['id']}: {why_not(r, min_level)}")
+        lines.append(f"  {r.id}: {why_not(r, min_level)}")
     if len(shown) > EXPLAIN_MAX:
         lines.append(f"  … and {len(shown) - EXPLAIN_MAX} more (narrow the selection, or --json for all)")
     return lines
 
 
-def _available(row: dict, name: str) -> str | None:
-    c = row.get("combo") or {}
+def _available(c: Combo, name: str) -> str | None:
     if name in ("vllm", "sglang"):
-        return str(c.get("engine_version")) if c.get("engine") == name else None
+        return str(c.engine_version) if c.engine == name else None
     v = c.get(name)
     return str(v) if v is not None else None
 
@@ -159,24 +158,31 @@ def _available(row: dict, name: str) -> str | None:
 
 
 def add_arguments(p) -> None:
+    from .verify import add_trust_arguments
+
     for name in SELECTORS:
         p.add_argument(f"--{name}", metavar="VERSION", help=f"{name} version (prefix: 0.8 matches 0.8.x)")
     p.add_argument("--verify-attestations", action="store_true",
                    help="before answering, check the picked image's signed attestations in its registry "
                         "(envbuild attach); exit non-zero if any is missing, unsigned or tampered")
     p.add_argument("--engine", choices=["vllm", "sglang", "hf"], help="rollout engine")
-    p.add_argument("--level", choices=["env", "contract", "gpu"], default=DEFAULT_LEVEL,
+    p.add_argument("--level", choices=list(LEVELS), default=DEFAULT_LEVEL,
                    help=f"lowest probe level the image must have passed (default: {DEFAULT_LEVEL})")
-    p.add_argument("--table", default="table", help="table directory, file or URL (default: table)")
-    p.add_argument("--pubkey", help="public key JSON (default: $ENVBUILD_PUBKEY, else pubkey.json next to a local table)")
-    p.add_argument("--insecure", action="store_true", help="skip signature verification (not recommended)")
+    p.add_argument("--table", default=None, help="table directory, file or https URL (default: $ENVBUILD_TABLE, "
+                                                 "`table` in config.toml, else ./table)")
+    p.add_argument("--pubkey", help="public key JSON (default: $ENVBUILD_PUBKEY, `pubkey` in config.toml, "
+                                    "else the key pinned on first use)")
+    p.add_argument("--insecure", action="store_true",
+                   help="skip signature verification and allow plain http (not recommended)")
     p.add_argument("--json", action="store_true", help="print the answer as JSON (reference, row, verification)")
+    add_trust_arguments(p)
 
 
 def run(args) -> int:
     from .verify import load_verified
 
-    table, info = load_verified(args.table, args.pubkey, args.insecure, quiet=args.json)
+    table, info = load_verified(args.table, args.pubkey, args.insecure, quiet=args.json,
+                                allow_rollback=args.allow_rollback, ca=args.ca)
     if args.insecure:
         print("warning: --insecure: the table's signature was NOT checked", file=sys.stderr)
     sel = {k: getattr(args, k) for k in (*SELECTORS, "engine")}
@@ -186,19 +192,20 @@ def run(args) -> int:
 
         check_picked(row, args.pubkey, info, quiet=args.json)
     if args.json:
-        out = {"ref": row["image"]["pinned"] if row else None, "level": row["best_level"] if row else None,
-               "row": row, "selection": {k: v for k, v in sel.items() if v is not None}, "min_level": args.level,
-               "verified": info["verified"], "keyid": info["keyid"], "table": args.table,
-               "generated": table.get("generated")}
+        out = {"ref": row.pinned if row else None, "level": row.best_level if row else None,
+               "row": row.to_dict() if row else None, "selection": {k: v for k, v in sel.items() if v is not None},
+               "min_level": args.level, "verified": info["verified"], "keyid": info["keyid"],
+               "table": info["source"], "generated": table.generated, "serial": table.serial,
+               "expires": table.expires}
         if not row:
             out["explanation"] = explain_empty(table, sel, rejected, args.level)
-            out["rejected"] = [{"id": r["id"], "status": r["status"], "why": why_not(r, args.level)} for r in rejected]
+            out["rejected"] = [{"id": r.id, "status": r.status, "why": why_not(r, args.level)} for r in rejected]
         print(json.dumps(out, indent=2, sort_keys=True))
         return 0 if row else 1
     if not row:
         for line in explain_empty(table, sel, rejected, args.level):
             print(line, file=sys.stderr)
         return 1
-    print(row["image"]["pinned"])
-    print(f"{row['id']}: verified up to {row['best_level']}", file=sys.stderr)
+    print(row.pinned)
+    print(f"{row.id}: verified up to {row.best_level}", file=sys.stderr)
     return 0

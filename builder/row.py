@@ -13,9 +13,8 @@ Schema history:
 
 from __future__ import annotations
 
-import calendar
 import re
-import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .errors import InputError
@@ -35,13 +34,35 @@ def parse_pinned(ref: object) -> tuple[str, str] | None:
     return (m["repo"], m["hex"]) if m else None
 
 
+_UTC = re.compile(r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})Z")
+
+
 def parse_utc(s: str) -> int:
-    """'YYYY-MM-DDTHH:MM:SSZ' -> epoch seconds (ValueError otherwise)."""
-    return calendar.timegm(time.strptime(s, "%Y-%m-%dT%H:%M:%SZ"))
+    """'YYYY-MM-DDTHH:MM:SSZ' -> epoch seconds (ValueError otherwise).
+
+    By hand (days from civil, H. Hinnant): calendar/datetime/_strptime cost pick ~15 ms to import.
+    """
+    m = _UTC.fullmatch(s) if isinstance(s, str) else None
+    if not m:
+        raise ValueError(f"not a UTC time: {s!r}")
+    y, mo, d, h, mi, sec = map(int, m.groups())
+    if not (1 <= mo <= 12 and 1 <= d <= 31 and h < 24 and mi < 60 and sec < 61):
+        raise ValueError(f"not a UTC time: {s!r}")
+    y -= mo <= 2
+    era = y // 400
+    yoe = y - era * 400
+    doy = (153 * (mo + (-3 if mo > 2 else 9)) + 2) // 5 + d - 1
+    days = era * 146097 + yoe * 365 + yoe // 4 - yoe // 100 + doy - 719468
+    return days * 86400 + h * 3600 + mi * 60 + sec
 
 
 def _opt_str(v: object) -> str | None:
     return None if v is None else str(v)
+
+
+def _strs(d: dict, keys: tuple) -> list:
+    """d's values at keys as str or None, in one pass (pick types 1,000 rows at start-up)."""
+    return [v if v is None or v.__class__ is str else str(v) for v in map(d.get, keys)]
 
 
 @dataclass
@@ -65,13 +86,18 @@ class Entry:
             d["stage"] = self.stage
         return d
 
+    _KEYS = ("status", "cause", "detail", "run_id", "created", "gpu", "stage")
+
     @classmethod
     def from_dict(cls, d: object) -> "Entry":
-        if not isinstance(d, dict):
+        if d.__class__ is not dict:
             return cls()
-        return cls(status=str(d.get("status") or "not-run"), cause=_opt_str(d.get("cause")),
-                   detail=str(d.get("detail") or ""), run_id=_opt_str(d.get("run_id")),
-                   created=_opt_str(d.get("created")), gpu=_opt_str(d.get("gpu")), stage=_opt_str(d.get("stage")))
+        e = cls(*_strs(d, cls._KEYS))
+        if not e.status:
+            e.status = "not-run"
+        if e.detail is None:
+            e.detail = ""
+        return e
 
 
 @dataclass
@@ -86,11 +112,10 @@ class Image:
 
     @classmethod
     def from_dict(cls, d: object) -> "Image | None":
-        if not isinstance(d, dict):
+        if d.__class__ is not dict:
             return None
         size = d.get("size")
-        return cls(_opt_str(d.get("ref")), _opt_str(d.get("digest")), _opt_str(d.get("pinned")),
-                   size if isinstance(size, int) and not isinstance(size, bool) else None)
+        return cls(*_strs(d, ("ref", "digest", "pinned")), size if size.__class__ is int else None)
 
 
 @dataclass
@@ -134,10 +159,12 @@ class Combo:
 
     @classmethod
     def from_dict(cls, d: object) -> "Combo":
-        if not isinstance(d, dict):
+        if d.__class__ is not dict:
             return cls()
-        return cls(**{k: _opt_str(d.get(k)) for k in cls._NAMED},
-                   extra={k: v for k, v in d.items() if k not in cls._NAMED and k != "id"})
+        return cls(*_strs(d, cls._NAMED), {k: v for k, v in d.items() if k not in _COMBO_KNOWN})
+
+
+_COMBO_KNOWN = frozenset(Combo._NAMED) | {"id"}
 
 
 @dataclass
@@ -155,13 +182,13 @@ class HistoryEntry:
         return {"run_id": self.run_id, "created": self.created, "stage": self.stage, "status": self.status,
                 "cause": self.cause, "image": self.image, "levels": dict(self.levels), "gpu": self.gpu}
 
+    _KEYS = ("run_id", "created", "stage", "status", "cause", "image")
+
     @classmethod
     def from_dict(cls, d: object) -> "HistoryEntry":
-        d = d if isinstance(d, dict) else {}
+        d = d if d.__class__ is dict else {}
         lv = d.get("levels")
-        return cls(_opt_str(d.get("run_id")), _opt_str(d.get("created")), _opt_str(d.get("stage")),
-                   _opt_str(d.get("status")), _opt_str(d.get("cause")), _opt_str(d.get("image")),
-                   dict(lv) if isinstance(lv, dict) else {}, d.get("gpu"))
+        return cls(*_strs(d, cls._KEYS), lv if lv.__class__ is dict else {}, d.get("gpu"))
 
 
 @dataclass
@@ -197,31 +224,78 @@ class Row:
 
     @classmethod
     def from_dict(cls, d: object, where: str = "table", i: int = 0) -> "Row":
-        if not isinstance(d, dict) or not isinstance(d.get("id"), str) or not d["id"]:
+        if d.__class__ is not dict or d.get("id").__class__ is not str or not d["id"]:
             raise InputError(where, None, f"rows[{i}].id", d.get("id") if isinstance(d, dict) else d,
                              "every row needs a string id")
-        lv = d.get("levels") if isinstance(d.get("levels"), dict) else {}
-        best = d.get("best_level")
-        hist = d.get("history")
+        get = d.get
+        lv = get("levels")
+        if lv.__class__ is not dict:
+            lv = {}
+        best, hist, base = get("best_level"), get("history"), get("base")
         return cls(
-            id=d["id"], combo=Combo.from_dict(d.get("combo")), image=Image.from_dict(d.get("image")),
-            build=Entry.from_dict(d.get("build")),
-            levels={k: Entry.from_dict(lv.get(k)) for k in LEVELS},
-            best_level=best if best in LEVELS else None, status=str(d.get("status")),
-            failure=Failure.from_dict(d.get("failure")), lock_hash=_opt_str(d.get("lock_hash")),
-            base=d.get("base") if isinstance(d.get("base"), dict) else None,
-            history=[HistoryEntry.from_dict(h) for h in hist] if isinstance(hist, list) else [])
+            d["id"], Combo.from_dict(get("combo")), Image.from_dict(get("image")), Entry.from_dict(get("build")),
+            {k: Entry.from_dict(lv.get(k)) for k in LEVELS}, best if best in LEVELS else None,
+            str(get("status")), Failure.from_dict(get("failure")), _opt_str(get("lock_hash")),
+            base if base.__class__ is dict else None,
+            [HistoryEntry.from_dict(h) for h in hist] if hist.__class__ is list else [])
+
+
+class LazyRows(Sequence):
+    """A read table's rows, typed on first access: `pick` reads every row's combination but the
+    rest of only the few it matches (typing all 1,000 rows would cost most of its 200 ms budget).
+    A malformed row still raises InputError, when it is reached."""
+
+    def __init__(self, raw: list, where: str):
+        self._raw, self._where = raw, where
+        self._rows: list[Row | None] = [None] * len(raw)
+        self._combos: list[Combo | None] = [None] * len(raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        row = self._rows[i]
+        if row is None:
+            row = self._rows[i] = Row.from_dict(self._raw[i], self._where, i)
+        return row
+
+    def combo(self, i: int) -> Combo:
+        if self._rows[i] is not None:
+            return self._rows[i].combo
+        c = self._combos[i]
+        if c is None:
+            d = self._raw[i]
+            c = self._combos[i] = Combo.from_dict(d.get("combo") if d.__class__ is dict else None)
+        return c
+
+    def where(self, pred) -> list[Row]:
+        """The rows whose combination satisfies pred(Combo), typing only those."""
+        return [self[i] for i in range(len(self._raw)) if pred(self.combo(i))]
 
 
 @dataclass
 class Table:
-    rows: list[Row]
+    rows: list[Row]  # a LazyRows when read from JSON
     generated: str | None = None
     keyid: str | None = None
     serial: int | None = None  # None: a schema-1 table (published before serials)
     expires: str | None = None  # "YYYY-MM-DDTHH:MM:SSZ"
     files: dict[str, str] = field(default_factory=dict)  # {relative path: sha256 hex}
     schema: int = SCHEMA
+
+    def where(self, pred) -> list[Row]:
+        """Rows whose combination satisfies pred(Combo)."""
+        if isinstance(self.rows, LazyRows):
+            return self.rows.where(pred)
+        return [r for r in self.rows if pred(r.combo)]
+
+    def combos(self):
+        """Every row's combination (without typing the rest of a lazily read row)."""
+        if isinstance(self.rows, LazyRows):
+            return (self.rows.combo(i) for i in range(len(self.rows)))
+        return (r.combo for r in self.rows)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -249,6 +323,6 @@ class Table:
         files = d.get("files") or {}
         if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
             raise InputError(where, None, "files", "…", "expected {name: sha256}")
-        return cls(rows=[Row.from_dict(r, where, i) for i, r in enumerate(d["rows"])],
+        return cls(rows=LazyRows(d["rows"], where),
                    generated=_opt_str(d.get("generated")), keyid=_opt_str(d.get("keyid")), serial=serial,
                    expires=_opt_str(d.get("expires")), files=files, schema=schema)

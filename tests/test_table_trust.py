@@ -233,3 +233,16 @@ def test_a_table_folder_from_an_older_envbuild_is_adopted(tmp_path):
     with pytest.raises(InputError, match="other files"):
         publish(res, priv, other)
     assert (other / "notes.txt").read_text() == "mine"
+
+
+def test_parse_utc_agrees_with_calendar_and_refuses_garbage():
+    import calendar
+    import random
+    rnd = random.Random(7)
+    for _ in range(2000):
+        t = rnd.randint(0, 4102444800)
+        s = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+        assert table_mod.parse_utc(s) == calendar.timegm(time.gmtime(t)) == t
+    for bad in ("2026-13-01T00:00:00Z", "2026-01-01T00:00:00Z\n", "2026-01-01", "", None):
+        with pytest.raises(ValueError):
+            table_mod.parse_utc(bad)
