@@ -161,3 +161,27 @@ def supported(coverages: dict[str, Coverage], candidates=None) -> tuple[list[int
         else:
             ok.append(cc)
     return ok, missing
+
+
+def _package(rel: str) -> str:
+    """The distribution-ish owner of a library path under site-packages: torch, vllm, nvidia/cublas."""
+    parts = rel.replace(os.sep, "/").split("/")
+    if parts[0] == "nvidia" and len(parts) > 2:
+        return "/".join(parts[:2])
+    return parts[0].split(".libs")[0] if parts[0].endswith(".libs") else parts[0]
+
+
+def image_coverage(site_dirs) -> dict:
+    """What the probe records: per package the architectures its native code carries, the GPUs
+    (by compute capability, named by sm_XY) that every package runs on, and for the others the
+    packages that lack them."""
+    per_pkg: dict[str, Coverage] = {}
+    for root in site_dirs:
+        if not os.path.isdir(root):
+            continue
+        for rel, cov in scan(root).items():
+            per_pkg.setdefault(_package(rel), Coverage()).merge(cov)
+    ok, missing = supported(per_pkg)
+    return {"packages": {k: v.to_dict() for k, v in sorted(per_pkg.items())},
+            "supports": [f"sm_{cc}" for cc in ok],
+            "lacking": {f"sm_{cc}": pkgs for cc, pkgs in missing.items()}}
