@@ -23,7 +23,7 @@ from .layers import ImageModel
 from .lock import Locker
 from .matrix import matrix_from_args
 from .plan import plan_from_args
-from .render import PROBE_DIR, base_for, render_combo, render_stages
+from .render import BUILD_CONSTRAINTS, PROBE_DIR, base_for, render_combo, render_stages
 
 
 
@@ -41,6 +41,8 @@ def stage_sources(model: ImageModel, stage: str) -> list[str]:
     """The context files a stage reads (COPY or bind mount), from the model."""
     srcs = ["envbuild/secrets-env.sh", "locks/tools.txt"] if stage == "torch" else []
     srcs += [l.lock_file for l in model.stage_layers(stage)]
+    if any(model.constrains_builds(l) for l in model.stage_layers(stage)):
+        srcs.append(BUILD_CONSTRAINTS)
     if stage == "final":
         srcs += ["envbuild/check-env.py", "locks", PROBE_DIR]
     return srcs

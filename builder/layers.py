@@ -86,6 +86,12 @@ class ImageModel:
     era: str
     lock_hash: str
     torch_index: str  # "default" or the (redacted) PyTorch index URL
+    # pins for building the lock's source distributions (lock.build_constraints; "" when none):
+    # given to the steps that may build (engine, kernels, verl; torch's layers are all wheels)
+    build_constraints: str = ""
+
+    def constrains_builds(self, layer: Layer) -> bool:
+        return bool(self.build_constraints) and layer.source != "torch"
 
     @property
     def needs_torch_index(self) -> bool:
@@ -102,13 +108,14 @@ class ImageModel:
     def to_dict(self) -> dict:
         return {"combo": self.combo.to_dict(), "base": self.base.to_dict(), "tools": self.tools,
                 "layers": [asdict(l) for l in self.layers], "expected": dict(sorted(self.expected.items())),
-                "era": self.era, "lock_hash": self.lock_hash, "torch_index": self.torch_index}
+                "era": self.era, "lock_hash": self.lock_hash, "torch_index": self.torch_index,
+                "build_constraints": self.build_constraints}
 
     @classmethod
     def from_dict(cls, d: dict) -> "ImageModel":
         c = {k: v for k, v in d["combo"].items() if k not in ("id", "tag")}
         return cls(Combo(**c), Base.from_dict(d["base"]), d["tools"], tuple(Layer(**l) for l in d["layers"]),
-                   dict(d["expected"]), d["era"], d["lock_hash"], d["torch_index"])
+                   dict(d["expected"]), d["era"], d["lock_hash"], d["torch_index"], d.get("build_constraints", ""))
 
 
 def _text(value: str | None) -> str:
@@ -178,7 +185,7 @@ def model_for(combo: Combo, lock: LockResult, base: Base) -> ImageModel:
     full = _text(lock.full_lock)
     expected = {n: v for n, (v, _) in parse_lock(full).items()} if full else {}
     model = ImageModel(combo, base, lock.tools, tuple(layers), expected or installed(layers), lock.era,
-                       lock.lock_hash or "", lock.torch_index)
+                       lock.lock_hash or "", lock.torch_index, getattr(lock, "build_constraints", "") or "")
     check_installs_lock(model)
     return model
 

@@ -28,7 +28,8 @@ from .paths import templates_dir
 
 __all__ = ["Base", "Rendered", "render_combo", "render_dockerfile", "render_stages", "context_hash", "base_for"]
 
-PROBE_DIR = "envbuild_probe"  # the probe's package name inside images
+PROBE_DIR = "envbuild_probe"
+BUILD_CONSTRAINTS = "locks/build-constraints.txt"  # the probe's package name inside images
 SECRETS = ("ca-bundle", "index-url", "torch-index-url")
 # One time for every file envbuild writes into a context or an install step writes into a
 # layer (2000-01-01, later than zip's 1980 floor): equal content gives equal layer bytes.
@@ -87,6 +88,8 @@ def context_files(model: ImageModel, dockerfile: str) -> dict[str, bytes]:
                                "locks/expected.txt": expected_text(model).encode()}
     for layer in model.layers:
         files[layer.lock_file] = layer.text.encode()
+    if model.build_constraints:
+        files[BUILD_CONSTRAINTS] = model.build_constraints.encode()
     for p in sorted(_probe_src().rglob("*.py")):
         if "__pycache__" not in p.parts:
             files[f"{PROBE_DIR}/{p.relative_to(_probe_src())}"] = p.read_bytes()

@@ -199,3 +199,18 @@ def test_bake_stages_render_the_same_dockerfile_from_the_model(tmp_path):
     full = r.dockerfile.read_text()
     assert full.endswith(body) and full[:-len(body)].rstrip().endswith(f"FROM {NV.ref}")
     assert render_stages(m) == full
+
+
+def test_build_constraints_reach_the_steps_that_may_build(tmp_path):
+    lock = fake_lock(VLLM, nvidia=NVIDIA)
+    lock.build_constraints = "setuptools==75.8.0 \\\n    --hash=sha256:" + "2" * 64 + "\n"
+    r = render_combo(VLLM, lock, NV, tmp_path)
+    assert (r.context_dir / "locks/build-constraints.txt").read_text() == lock.build_constraints
+    runs = {re.search(r"source=locks/([a-z-]+)\.txt", x).group(1): x for x in _runs(r.dockerfile.read_text())
+            if "source=locks/" in x and "check-env" not in x}
+    for name, text in runs.items():
+        assert ("--build-constraints /opt/envbuild/in/build-constraints.txt" in text) == \
+            (name in ("engine", "kernels", "verl")), name
+    # Without constraints, the steps do not mention them (and the CUDA layers never do).
+    plain = render_dockerfile(VLLM, fake_lock(VLLM, nvidia=NVIDIA), NV)
+    assert "--build-constraints" not in plain
