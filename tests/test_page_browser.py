@@ -4,8 +4,10 @@ The page keeps its filters and selection in the URL fragment, so a plain `--dump
 `index.html#cuda=12.6` shows the DOM after the script applied that filter - no driver needed.
 """
 
+import base64
 import functools
 import http.server
+import json
 import os
 import re
 import shutil
@@ -17,6 +19,7 @@ import zlib
 from html.parser import HTMLParser
 
 import pytest
+from cdp import Browser
 from table_fixtures import combo, image, passed, rec, verdict, write_all
 
 from envbuild.sign import write_keypair
@@ -202,8 +205,11 @@ def test_screenshot_shows_coloured_cells(site, tmp_path):
 
 def test_page_needs_no_network(site):
     html = (site / "index.html").read_text()
-    assert not re.search(r"""(src|href)\s*=|@import|url\(|https?://(?!in-toto\.io)""", html), \
+    assert not re.search(r"""src\s*=|@import|url\(|https?://(?!in-toto\.io)""", html), \
         "the page refers to something outside itself"
+    # Links only to the files published next to it.
+    links = re.findall(r'href\s*=\s*"([^"]*)"', html)
+    assert set(links) == {"compat.json", "compat.json.dsse", "pubkey.json", "compat.md", "history/index.json"}
     seen = []
 
     class Recording(http.server.SimpleHTTPRequestHandler):
@@ -222,5 +228,128 @@ def test_page_needs_no_network(site):
         srv.shutdown()
         srv.server_close()
     assert len([c for c in s.cells if c["data-status"] != "none"]) == 4
-    # The page asked the server for itself (and at most a favicon), nothing else.
-    assert set(seen) - {"/favicon.ico"} == {"/index.html"}
+    # The page asked the server for itself (and at most a favicon) and, for its signature
+    # check, the signed table next to it: nothing else.
+    assert set(seen) - {"/favicon.ico", "/compat.json", "/compat.json.dsse"} == {"/index.html"}
+
+
+# ---------------------------------------------------------------- driven like a person: CDP over a pipe
+
+
+class Served:
+    """A folder over http://127.0.0.1 (the page reads its signed table from its own origin)."""
+
+    def __init__(self, folder):
+        class Quiet(http.server.SimpleHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(folder)))
+        self.origin = f"http://127.0.0.1:{self.srv.server_address[1]}"
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
+@pytest.fixture
+def browser():
+    b = Browser(CHROMIUM, FLAGS)
+    yield b
+    b.close()
+
+
+def _open(browser, url):
+    browser.open(url)
+    browser.wait("document.body && document.body.getAttribute('data-sig-done') === '1'")
+    return browser.eval("[document.getElementById('sigcheck').getAttribute('data-state'),"
+                        " document.getElementById('sigcheck').textContent]")
+
+
+def test_select_a_cell_and_copy_the_pull_command(site, browser):
+    srv = Served(site)
+    try:
+        state, text = _open(browser, srv.origin + "/index.html")
+        assert state == "valid" and text.startswith("signature valid"), text
+        browser.send("Browser.grantPermissions", {"origin": srv.origin,
+                                                  "permissions": ["clipboardReadWrite", "clipboardSanitizedWrite"]},
+                     session=False)
+        # The grid shows torch and CUDA in each cell, and the legend explains the marks.
+        cell = f'td.cell[data-ids~="{C["id"]}"]'
+        assert browser.eval(f"document.querySelector('{cell} .sub').textContent") == "torch 2.7.0 · CUDA 12.6"
+        legend = browser.eval("document.getElementById('legend').textContent")
+        assert "·N" in legend and "(N✗)" in legend and "no digest to pull" in legend
+        browser.click(cell)
+        browser.wait(f"document.querySelector('.pull-cmd[data-id=\"{C['id']}\"]')")
+        assert f"sel={C['id']}" in browser.eval("decodeURIComponent(location.hash)")  # the selection is in the URL
+        want = "docker pull " + image(C)["digest"]
+        assert browser.eval(f"document.querySelector('.pull-cmd[data-id=\"{C['id']}\"]').textContent") == want
+        browser.click(f'button.copy[data-id="{C["id"]}"]')
+        browser.wait(f"document.querySelector('button.copy[data-id=\"{C['id']}\"]').getAttribute('data-copied')")
+        assert browser.eval("navigator.clipboard.readText()") == want
+        detail = browser.eval(f"document.querySelector('.variant[data-id=\"{C['id']}\"]').textContent")
+        assert "≥ 560.28.03 (Linux, for CUDA 12.6)" in detail and "minor version compatibility" in detail
+        assert "ago)" in detail  # how old the verdict is
+        # A broken cell: its failure's log excerpt, and no pull command for a broken image.
+        browser.click(f'td.cell[data-ids~="{B["id"]}"]')
+        browser.wait(f"document.querySelector('.variant[data-id=\"{B['id']}\"] pre.log')")
+        log = browser.eval(f"document.querySelector('.variant[data-id=\"{B['id']}\"] pre.log').textContent")
+        assert CAUSE in log
+        assert "≥ 550.54.14" in browser.eval(f"document.querySelector('.variant[data-id=\"{B['id']}\"] .driver').textContent")
+    finally:
+        srv.close()
+
+
+def _tampered(site, tmp_path, change):
+    t = tmp_path / "tampered"
+    shutil.copytree(site, t)
+    change(t)
+    return t
+
+
+def test_tampered_table_fails_the_in_page_signature_check(site, browser, tmp_path):
+    def flip_a_row(t):  # what a forger wants: a broken stack shown as verified
+        doc = json.loads((t / "compat.json").read_text())
+        row = next(r for r in doc["rows"] if r["id"] == B["id"])
+        row["status"], row["failure"] = "verified", None
+        (t / "compat.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+
+    srv = Served(_tampered(site, tmp_path, flip_a_row))
+    try:
+        state, text = _open(browser, srv.origin + "/index.html")
+        assert state == "invalid" and text.startswith("signature INVALID") and "compat.json" in text, text
+    finally:
+        srv.close()
+
+
+def test_forged_envelope_and_untrusted_key_fail(site, tmp_path):
+    def forge_payload(t):
+        env = json.loads((t / "compat.json.dsse").read_text())
+        doc = json.loads(base64.b64decode(env["payload"]))
+        doc["rows"][0]["status"] = "broken" if doc["rows"][0]["status"] != "broken" else "verified"
+        data = (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
+        env["payload"] = base64.b64encode(data).decode()
+        (t / "compat.json.dsse").write_text(json.dumps(env))
+        (t / "compat.json").write_bytes(data)
+
+    srv = Served(_tampered(site, tmp_path, forge_payload))
+    b = Browser(CHROMIUM, FLAGS)
+    try:
+        state, text = _open(b, srv.origin + "/index.html")
+        assert state == "invalid" and "does not match its signature" in text, text
+    finally:
+        b.close()
+        srv.close()
+    # The genuine site, but the reader pins another key in the URL: not signed by it.
+    _, other_pub, _ = write_keypair(tmp_path / "other")
+    other_hex = json.loads(open(other_pub).read())["keyval"]["public"]
+    srv, b = Served(site), Browser(CHROMIUM, FLAGS)
+    try:
+        state, text = _open(b, srv.origin + "/index.html#key=" + other_hex)
+        assert state == "invalid" and "not signed by the trusted key" in text, text
+        state, text = _open(b, (site / "index.html").as_uri())  # from disk: the reader picks the files
+        assert state == "unavailable" and "choose compat.json.dsse" in text
+    finally:
+        b.close()
+        srv.close()
