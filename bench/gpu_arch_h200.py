@@ -28,8 +28,11 @@ def main() -> int:
     t0 = time.perf_counter()
     per_file = {p.name: read_coverage(p) for p in sorted(lib.glob("*.so*"))}
     read_s = time.perf_counter() - t0
-    torch_sass = sorted(set().union(*(c.sass for c in per_file.values())))
-    torch_ptx = sorted(set().union(*(c.ptx for c in per_file.values())))
+    # torch's own kernels are in libtorch_cuda; other files in torch/lib are bundled third-party
+    # libraries (their own arch lists), reported per file below.
+    own = [c for n, c in per_file.items() if n.startswith("libtorch_cuda")]
+    torch_sass = sorted(set().union(*(c.sass for c in own)))
+    torch_ptx = sorted(set().union(*(c.ptx for c in own)))
     arch_list = torch.cuda.get_arch_list()  # e.g. ['sm_80', 'sm_90', 'sm_100', 'compute_120']
     want_sass = sorted({parse_sm(a) for a in arch_list if a.startswith("sm_")})
     want_ptx = sorted({parse_sm(a) for a in arch_list if a.startswith("compute_")})
@@ -47,10 +50,11 @@ def main() -> int:
            "reader_says_runs": f"sm_{cc}" in site["supports"] or not site["lacking"].get(f"sm_{cc}"),
            "kernel_launch_ok": launched, "read_torch_lib_seconds": round(read_s, 3),
            "scan_site_packages_seconds": round(scan_s, 3), "packages_with_kernels": len(site["packages"]),
-           "site_supports": site["supports"], "site_lacking": site["lacking"]}
+           "site_supports": site["supports"], "site_lacking": site["lacking"],
+           "torch_lib_files": {n: c.to_dict() for n, c in per_file.items() if not c.empty()}}
     for k in ("gpu", "capability", "torch", "cuda", "arch_list", "read_sass", "read_ptx", "sass_match", "ptx_match",
               "reader_says_runs", "kernel_launch_ok", "read_torch_lib_seconds", "scan_site_packages_seconds",
-              "packages_with_kernels", "site_supports"):
+              "packages_with_kernels", "site_supports", "torch_lib_files"):
         print(f"{k:<28} {res[k]}")
     Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
     return 0 if res["sass_match"] and res["reader_says_runs"] and launched else 1
