@@ -12,9 +12,12 @@ bug this project can have):
 The row's image is the one with the newest decisive probe verdict (so a rebuild whose probe
 errored leaves the earlier, probed image in place, and a rebuild that failed replaces it).
 
-Output (in --out): compat.json, compat.json.dsse (DSSE envelope whose payload is exactly
-compat.json's bytes), compat.md, index.html, pubkey.json, attestations/<row id>.dsse.json (one
-signed in-toto Statement per image, test-result predicate, subject = image digest).
+Output (--out is a symlink to the current set, see "publish" below): compat.json, compat.json.dsse
+(DSSE envelope whose payload is exactly compat.json's bytes), compat.md, index.html, pubkey.json,
+attestations/<row id>.dsse.json (one signed in-toto Statement per image, test-result predicate,
+subject = image digest; the file name passes fsutil.safe_name). The signed payload (row.Table,
+schema 2) carries a serial (higher than the table it replaces), an expiry (--expires-days) and
+the sha256 of every other file, so `verify` covers them all.
 """
 
 from __future__ import annotations
