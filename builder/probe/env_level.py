@@ -11,6 +11,7 @@ import sys
 import time
 
 from .classify import classify_exception
+from .fatbin import image_coverage
 from .verdict import FAIL, NOT_APPLICABLE, PASS, SKIPPED, Verdict
 
 # Distribution whose version is "the engine's version" for each engine.
@@ -57,6 +58,32 @@ def cuda_matches(seen: str | None, want: str) -> bool:
     return seen is not None and _cuda_mm(seen) == _cuda_mm(want)
 
 
+# NCCL keeps its buffers in /dev/shm; Docker's 64 MB default makes recent NCCL fail at the first
+# collective ("unhandled system error"), and Ray's object store wants more. 1 GiB is what verl's
+# own launch docs ask for (--shm-size); the table shows it and doctor checks the host.
+MIN_SHM_BYTES = 1 << 30
+
+
+def _check_gpu_arch(v: Verdict, torch) -> None:
+    """Which GPUs every native extension of this environment has kernels for (no GPU needed)."""
+    t0 = time.perf_counter()
+    if not torch.version.cuda:
+        v.add("gpu-arch", NOT_APPLICABLE, "CPU build of torch")
+        return
+    roots = sorted({p for p in sys.path if p.endswith(("site-packages", "dist-packages")) and os.path.isdir(p)})
+    cov = image_coverage(roots)
+    v.hardware["gpu_arch"] = cov
+    v.hardware["min_shm_bytes"] = MIN_SHM_BYTES
+    limits = {sm: pkgs for sm, pkgs in cov["lacking"].items() if int(sm[3:]) >= 80}
+    detail = f"runs on {', '.join(cov['supports']) or 'no known GPU'}"
+    if limits:
+        detail += "; not on " + "; ".join(f"{sm} ({', '.join(p[:3])})" for sm, p in limits.items())
+    # A verdict on the image only where nothing runs anywhere; a missing architecture is a fact
+    # shown on the row and used by `pick --gpu`, not a failure of the stack.
+    v.add("gpu-arch", PASS if cov["supports"] or not cov["packages"] else FAIL, detail,
+          None if cov["supports"] or not cov["packages"] else "no-common-gpu-arch", time.perf_counter() - t0)
+
+
 def run_env(v: Verdict, expect: dict, engine: str) -> None:
     pip_check = _start_pip_check()  # a separate process: runs while torch imports
     v.versions["python"] = platform.python_version()
@@ -93,6 +120,7 @@ def run_env(v: Verdict, expect: dict, engine: str) -> None:
 
     _check_cudnn(v, torch)
     _check_nccl(v, torch)
+    _check_gpu_arch(v, torch)
 
     abi = bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", False))
     v.versions["cxx11_abi"] = abi
