@@ -103,27 +103,22 @@ def base_config(release: str | None = None) -> tuple[dict, str]:
     """(verl's default trainer config, where it came from). `release`: judge against that verl
     release; default: the installed verl, else the newest recorded release."""
     inst = installed_config_dir()
+    note = ""
     if inst and release in (None, inst[0]):
         try:
             return compose_trainer_config(inst[1]), f"verl {inst[0]}, installed"
-        except Exception as e:  # a broken install: fall back to the recorded copy, and say why
-            why = f"; installed verl's config did not compose: {type(e).__name__}"
-            release = release or inst[0]
-        else:
-            why = ""
-    else:
-        why = ""
+        except Exception as e:  # a broken install: judge against a recorded copy, and say so
+            note = f" (the installed verl's config did not compose: {type(e).__name__})"
+            release = inst[0]
     known = recorded_releases()
-    if not known:
-        raise InputError(str(recorded_dir()), None, "verl", release, "no recorded verl trainer configs "
-                         "(run ci/record_verl_config.py) and verl is not installed here")
-    if release is None or (inst and release == inst[0] and release not in known):
+    if known and (release is None or (note and release not in known)):
         release = known[-1]
     if release not in known:
         raise InputError("command line", None, "--verl", release,
-                         f"no recorded trainer config for this release; recorded: {', '.join(known)}")
+                         f"no recorded trainer config for this release; recorded: {', '.join(known) or 'none'} "
+                         "(ci/record_verl_config.py records them)")
     rec = json.loads((recorded_dir() / f"{release}.json").read_text())
-    return rec["config"], f"verl {release}, recorded from its wheel{why}"
+    return rec["config"], f"verl {release}, recorded from its wheel{note}"
 
 
 # --------------------------------------------------------------------------- bounded YAML
