@@ -254,8 +254,8 @@ def _opener():
     return urllib.request.build_opener(urllib.request.HTTPSHandler(context=ctx))
 
 
-def _open(url: str, headers: dict | None = None, timeout: float = TIMEOUT):
-    req = urllib.request.Request(url, headers=headers or {})
+def _open(url: str, headers: dict | None = None, timeout: float = TIMEOUT, method: str = "GET"):
+    req = urllib.request.Request(url, headers=headers or {}, method=method)
     p = urllib.parse.urlsplit(url)
     if p.username:  # basic auth from the URL, as pip does
         import base64
@@ -308,8 +308,7 @@ class _RangeFile(io.RawIOBase):
 
 def _remote_size(url: str) -> int:
     """A file's size from a HEAD request (a PEP 503 page lists no sizes)."""
-    req = urllib.request.Request(url, method="HEAD")
-    with _opener().open(req, timeout=TIMEOUT) as r:
+    with _open(url, method="HEAD") as r:
         return int(r.headers["Content-Length"])
 
 

@@ -369,7 +369,12 @@ class Locker:
         lifts: dict[str, str] = {}  # package -> its own cutoff
         notes: list[str] = []
         while True:
-            d = self._compile(reqs, when, c, src, lifts)
+            # The same resolution as pylock.toml (which names every file of every pin) runs
+            # beside it: it tells which pins have no wheel, at no cost in wall time.
+            with ThreadPoolExecutor(2) as pool:
+                side = pool.submit(self._compile, reqs, when, c, src, dict(lifts), fmt="pylock")
+                d = self._compile(reqs, when, c, src, lifts)
+                pl = side.result()
             if d["status"] != "unsatisfiable":
                 break
             new = {}
@@ -387,11 +392,12 @@ class Locker:
                 notes.append(f"{name} taken from {date}: no earlier release on the index satisfies the "
                              f"requirement (era {when})")
         d["relaxed"] = notes if d["status"] == "ok" else []
+        d["era"] = when
         if d["status"] == "unsatisfiable" and notes:
             d["text"] += "\n(unsatisfiable with the cutoff lifted for " + ", ".join(sorted(lifts)) + " too)"
         if d["status"] != "ok":
             return d
-        return self._sdists(d, reqs, when, c, src, lifts)
+        return self._sdists(d, pl, c)
 
     def _first_upload_after(self, name: str, when: str) -> str | None:
         try:
@@ -401,11 +407,11 @@ class Locker:
             return None
         return dates[0] if dates else None
 
-    def _sdists(self, d: dict, reqs, when, c: Combo, src: TorchSource, lifts) -> dict:
-        """Find the pins that have no wheel for the image; pin their builds or refuse them."""
+    def _sdists(self, d: dict, pl: dict, c: Combo) -> dict:
+        """Find the pins that have no wheel for the image (from uv's pylock.toml of the same
+        resolution: no request of ours); pin their builds or refuse them."""
+        when = d["era"]
         tags = wheel_tags(c.python, c.glibc)
-        # uv's pylock output names every file of every pin: no request of ours is needed.
-        pl = self._compile(reqs, when, c, src, lifts, fmt="pylock")
         if pl["status"] != "ok":
             return pl
         built = []
@@ -452,7 +458,9 @@ class Locker:
             inp = Path(tmp) / "requirements.in"
             outp = Path(tmp) / ("pylock.toml" if fmt == "pylock" else "requirements.txt")
             inp.write_text("\n".join(reqs) + "\n")
-            cmd = [uv_exe(), "pip", "compile", str(inp), "-o", str(outp), "--no-header",
+            # Relative names, run in the folder: uv's `# via -r requirements.in` is then the
+            # same bytes in every run (the full lock's hash must not depend on a temp path).
+            cmd = [uv_exe(), "pip", "compile", inp.name, "-o", outp.name, "--no-header",
                    "--python-version", c.python, "--python-platform", platform_tag(c.glibc), "--quiet"]
             cmd += ["--generate-hashes"] if hashes else []
             cmd += ["--format", "pylock.toml"] if fmt == "pylock" else []
@@ -469,7 +477,7 @@ class Locker:
             with self._lk:
                 self.argv.append(list(cmd))
             try:
-                p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+                p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=tmp)
             except subprocess.TimeoutExpired:
                 return {"status": "index-unreachable", "text": "uv pip compile timed out after 900 s"}
             if p.returncode == 0:

@@ -161,3 +161,68 @@ def fetch_from_index(index_url: str, project: str, filename: str, dest_dir: Path
             return dest
     raise FileNotFoundError(f"{filename} is not on the index")
 
+
+
+def find_local_wheel(pattern: str) -> Path | None:
+    """A real wheel already on this machine (pip's find-links folders), e.g. a CPU torch build."""
+    import configparser
+    import os
+
+    dirs = [d for d in os.environ.get("PIP_FIND_LINKS", "").split() if d]
+    for conf in (Path.home() / ".config/pip/pip.conf", Path("/etc/pip.conf")):
+        cp = configparser.RawConfigParser()
+        try:
+            cp.read(conf)
+            dirs += cp.get("global", "find-links", fallback="").split()
+        except (configparser.Error, OSError):
+            pass
+    for d in dirs:
+        d = Path(d.removeprefix("file://"))
+        if d.is_dir():
+            hits = sorted(d.glob(pattern))
+            if hits:
+                return hits[-1]
+    return None
+
+
+def relabel_wheel(src: Path, dest_dir: Path, old_local: str, new_local: str) -> Path:
+    """The same wheel under another local version (torch 2.13.0+cpu -> 2.13.0+cu128), with its
+    metadata kept consistent: file name, .dist-info folder, METADATA's Version and RECORD agree.
+    The zip's other members are copied as they are (`zip -d` / `zip` add, no recompression)."""
+    import base64
+    import subprocess
+    import tempfile
+    import zipfile
+
+    name = src.name.replace(f"+{old_local}-", f"+{new_local}-")
+    dest = Path(dest_dir) / name
+    if dest.is_file():
+        return dest
+    old_di = src.name.split("-")[0] + "-" + src.name.split("-")[1] + ".dist-info"
+    new_di = old_di.replace(f"+{old_local}", f"+{new_local}")
+    tmp = dest.with_suffix(".part")
+    shutil.copyfile(src, tmp)
+    with tempfile.TemporaryDirectory() as work, zipfile.ZipFile(src) as z:
+        members = [n for n in z.namelist() if n.startswith(old_di + "/")]
+        for n in members:
+            target = Path(work) / (new_di + n[len(old_di):])
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(z.read(n))
+        meta = Path(work) / new_di / "METADATA"
+        text = meta.read_text()
+        text = re.sub(r"^Version: .*$", "Version: " + parse_wheel_filename(name)[1].public
+                      + f"+{new_local}", text, count=1, flags=re.M)
+        meta.write_text(text)
+        digest = base64.urlsafe_b64encode(hashlib.sha256(meta.read_bytes()).digest()).rstrip(b"=").decode()
+        record = Path(work) / new_di / "RECORD"
+        lines = []
+        for line in record.read_text().splitlines():
+            line = line.replace(old_di + "/", new_di + "/")
+            if line.startswith(new_di + "/METADATA,"):
+                line = f"{new_di}/METADATA,sha256={digest},{meta.stat().st_size}"
+            lines.append(line)
+        record.write_text("\n".join(lines) + "\n")
+        subprocess.run(["zip", "-q", "-d", str(tmp), f"{old_di}/*"], check=True)
+        subprocess.run(["zip", "-q", "-r", str(tmp), new_di], cwd=work, check=True)
+    tmp.rename(dest)
+    return dest

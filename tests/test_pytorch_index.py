@@ -4,6 +4,7 @@ the matrix)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -90,3 +91,47 @@ def test_matrix_names_a_pytorch_index_mirror(tmp_path):
     with pytest.raises(InputError) as e:
         load_matrix(bad)
     assert "pytorch_index" in str(e.value)
+
+
+# --------------------------------------------------------------------------- the PyTorch-index path
+
+
+@pytest.fixture(scope="module")
+def pytorch_mirror(tmp_path_factory):
+    """A local index laid out like the PyTorch index (`<root>/cu128/torch/`, PEP 503 HTML, no upload
+    times) serving a real torch wheel: this machine's CPU build of 2.13.0, relabelled +cu128 with
+    consistent metadata. torch 2.13.0's default build on the package index is cu130, so cu128 must
+    come from the PyTorch index."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from local_index import LocalIndex, find_local_wheel, relabel_wheel
+
+    cpu = find_local_wheel("torch-2.13.0+cpu-cp311-*.whl")
+    if cpu is None:
+        pytest.skip("no torch 2.13.0 CPU wheel in pip's find-links folders")
+    d = tmp_path_factory.mktemp("pytorch")
+    idx = LocalIndex(d / "index")
+    idx.html_roots.add("cu128")
+    idx.add("cu128", relabel_wheel(cpu, d, "cpu", "cu128"), uploaded="")
+    yield idx
+    idx.close()
+
+
+@pytest.mark.network
+@pytest.mark.slow
+def test_lock_takes_a_non_default_variant_from_the_pytorch_index(pytorch_mirror, run_cli, isolated_cache, tmp_path):
+    root = pytorch_mirror.root_url.replace("http://", "http://envbuild:pt-s3cr3t@")
+    out = tmp_path / "locks"
+    p = run_cli("lock", "--cuda", "cu128", "--hf", "--torch", "2.13.0", "--verl", "0.6.1", "--out", out, "--json",
+                env={"ENVBUILD_CACHE": str(isolated_cache), "ENVBUILD_PYTORCH_INDEX": root})
+    assert p.returncode == 0, p.stdout + p.stderr
+    row = json.loads(p.stdout.splitlines()[0])
+    assert row["status"] == "ok", row["detail"]
+    assert row["torch_index"] == pytorch_mirror.url("cu128")  # redacted: no credentials
+    assert row["layers"]["torch"] == {"torch": "2.13.0+cu128"}  # the CPU build pins nothing exactly
+    served = pytorch_mirror.files[("cu128", "torch")][0]["sha256"]
+    cid = "verl0.6.1-hf-torch2.13.0-cu128-py3.11"
+    torch_txt = (out / cid / "torch.txt").read_text()
+    assert f"--hash=sha256:{served}" in torch_txt  # the mirror's file, by hash
+    assert any(r.startswith("/cu128/torch/") for r in pytorch_mirror.requests)
+    for f in (out / cid).iterdir():
+        assert "pt-s3cr3t" not in f.read_text(), f
