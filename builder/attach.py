@@ -34,19 +34,24 @@ import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import provenance, sbom
 from .docker import registry_host
 from .errors import InfraError, InputError
-from .registry import OCI_MANIFEST, Descriptor, Registry, sha256_digest
-from .sign import (IN_TOTO_PAYLOAD_TYPE, STATEMENT_TYPE, TEST_RESULT_PREDICATE, PublicKey, VerifyError,
+from .sign import (IN_TOTO_PAYLOAD_TYPE, STATEMENT_TYPE, TEST_RESULT_PREDICATE, VerifyError,
                    load_public_key, load_signer, public_key_of, sign_statement, verify_envelope)
+
+if TYPE_CHECKING:  # envbuild.registry (oras, requests, jsonschema: ~0.5 s) is imported where a
+    # registry is asked: `envbuild --help` imports every command's module.
+    from .registry import Descriptor, Registry
 
 DSSE_MEDIA_TYPE = "application/vnd.dsse.envelope.v1+json"
 EMPTY_MEDIA_TYPE = "application/vnd.oci.empty.v1+json"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 COSIGN_SIG_ANNOTATION = "dev.cosignproject.cosign/signature"
 CREATED = "org.opencontainers.image.created"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,8 @@ def attach_all(image_ref: str, statements: list[dict], key, registry: Registry |
 
     The hook for build/publish: call it with `repo@sha256:…` right after the push, with the
     statements of statements_for() (or any in-toto Statements whose subject is that digest)."""
+    from .registry import Registry, sha256_digest
+
     host, name, digest = parse_image_ref(image_ref)
     signer = load_signer(key) if isinstance(key, (str, Path)) else key
     envelopes = []
@@ -199,6 +206,8 @@ class Attached:
 
 def fetch(image_ref: str, registry: Registry | None = None) -> tuple[Descriptor | None, list[Attached]]:
     """(the image's descriptor or None if the registry lacks it, every DSSE envelope attached)."""
+    from .registry import Registry
+
     host, name, digest = parse_image_ref(image_ref)
     reg = registry or Registry(host)
     subject = reg.head_manifest(name, digest)
