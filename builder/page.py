@@ -322,7 +322,10 @@ function showDetails(rows) {
     const d = el("div", {"class": "variant", "data-id": r.id});
     d.appendChild(el("h3", {}, r.id + " — " + r.status + (r.best_level ? " (up to " + r.best_level + ")" : "")));
     const pinned = r.image && r.image.pinned;
-    if (pinned) {
+    if (pinned && r.status !== "verified") {
+      // A broken (or not yet judged) image is for reproducing, never something to copy and run.
+      d.appendChild(el("div", {"class": "note image-ref"}, "image (" + r.status + ", to reproduce): " + pinned));
+    } else if (pinned) {
       const p = el("div", {"class": "pull"});
       const cmd = "docker pull " + pinned;
       p.appendChild(el("code", {"class": "pull-cmd", "data-id": r.id}, cmd));

@@ -60,8 +60,11 @@ class Browser:
     def wait(self, expression: str, timeout: float = 30):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.eval(f"!!({expression})"):  # a DOM node does not come back by value: test truthiness there
-                return True
+            try:
+                if self.eval(f"!!({expression})"):  # a DOM node does not come back by value: test truthiness there
+                    return True
+            except RuntimeError:  # the document is still loading (no body yet)
+                pass
             time.sleep(0.1)
         raise TimeoutError(expression)
 

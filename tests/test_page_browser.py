@@ -296,6 +296,8 @@ def test_select_a_cell_and_copy_the_pull_command(site, browser):
         browser.wait(f"document.querySelector('.variant[data-id=\"{B['id']}\"] pre.log')")
         log = browser.eval(f"document.querySelector('.variant[data-id=\"{B['id']}\"] pre.log').textContent")
         assert CAUSE in log
+        assert browser.eval(f"document.querySelector('.variant[data-id=\"{B['id']}\"] .pull-cmd')") is None
+        assert "to reproduce" in browser.eval(f"document.querySelector('.variant[data-id=\"{B['id']}\"] .image-ref').textContent")
         assert "≥ 550.54.14" in browser.eval(f"document.querySelector('.variant[data-id=\"{B['id']}\"] .driver').textContent")
     finally:
         srv.close()
