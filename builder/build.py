@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -20,8 +23,14 @@ from typing import Callable
 
 from .docker import pusher_for
 from .errors import EnvbuildError, InfraError, InputError, exit_of_records
+from .base import BaseRef, bootstrap, resolve_base
+from .docker import detect, secret_files
 from .image import REPOSITORY_ENV, add_repository_arg, build_labels, image_refs, repository_from_args
-from .index import pytorch_index_url
+from .index import PYTORCH_INDEX_ENV, Metadata, default_index_url, pytorch_index_url
+from .lock import Locker
+from .matrix import add_selector_args, matrix_from_args, plan_from_args
+from .record import Record, write_record
+from .render import render_combo
 from .probe_run import Target, VerdictCache, expect_of, probe_image, probe_levels, record_status
 from .vocab import PROBE_CHOICES, PROBE_PLAN
 
@@ -240,7 +249,6 @@ class Builder:
 
     # The pipeline. Returns the record written, or None when interrupted (no verdict).
     def build_one(self, combo):
-        from .record import Record, write_record
 
         o, cid = self.o, combo.id
         timings: dict[str, float] = {}
@@ -310,8 +318,6 @@ class Builder:
             self.progress.update(cid, "building")
             tracker = StepTracker(lambda s: self.progress.step(cid, s))
             labels = build_labels(cid, chash, lr.lock_hash, base.kind, base.ref)
-            from .docker import secret_files
-
             try:
                 with secret_files(self._secret_values(lr)) as sfiles:
                     if o.ca_bundle:
@@ -423,8 +429,6 @@ def run_all(builder: Builder, combos, jobs: int) -> tuple[list, bool]:
 
 def _guarded(builder: Builder, combo):
     """One combination's failure (even a bug) is recorded and never stops the others."""
-    from .record import Record, write_record
-
     if builder.stop.is_set():
         return None
     try:
@@ -441,11 +445,7 @@ def _guarded(builder: Builder, combo):
 
 
 def _lock_adapter(matrix, meta):
-    from . import lock as lockmod
-
-    if hasattr(lockmod, "lock_combo"):
-        return lambda combo, out: lockmod.lock_combo(combo, matrix, out)
-    locker = lockmod.Locker(matrix, meta)
+    locker = Locker(matrix, meta)
     lk = threading.Lock()
 
     def fn(combo, out):
@@ -455,15 +455,11 @@ def _lock_adapter(matrix, meta):
 
 
 def _render_adapter():
-    from .render import Base, render_combo
-
     # render writes OUT/<combo id>/ (Dockerfile, locks, probe) and hashes that whole context.
     return lambda combo, lr, base, out: render_combo(combo, lr, base, out)
 
 
 def _base_adapter(engine, spec: str, suite: str, say):
-    from .base import BaseRef, bootstrap, resolve_base
-
     cache: dict[str, BaseRef] = {}
     lk = threading.Lock()
 
@@ -498,8 +494,6 @@ def _try_pull(engine, ref: str) -> bool:
 
 
 def add_arguments(p) -> None:
-    from .matrix import add_selector_args
-
     add_selector_args(p)
     p.add_argument("-j", "--jobs", type=int, default=1, help="combinations built at once (default 1)")
     add_repository_arg(p)
@@ -534,8 +528,6 @@ def options_from_args(args, default_repo: str) -> Options:
     if ca is not None and not os.path.isfile(ca):
         raise InputError("command line", None, "--ca-bundle", ca, "no such file")
     ca = os.path.abspath(ca) if ca else default_ca_bundle()
-    from .index import PYTORCH_INDEX_ENV, default_index_url
-
     return Options(results=Path(args.results).resolve(), repo=repo, in_registry=in_registry, push=args.push,
                    base=args.base, suite=args.suite, probe=args.probe, jobs=args.jobs, timeout=args.timeout,
                    ca_bundle=ca, index_url=default_index_url(),
@@ -546,20 +538,12 @@ def options_from_args(args, default_repo: str) -> Options:
 def _probe_level(spec: str) -> str:
     if spec != "auto":
         return spec
-    import shutil
-    import subprocess
-
     if shutil.which("nvidia-smi") and subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0:
         return "gpu"
     return "cpu"
 
 
 def run(args) -> int:
-    from .docker import detect
-    from .index import Metadata
-    from .matrix import matrix_from_args
-    from .plan import plan_from_args
-
     meta = Metadata()
     m = matrix_from_args(args)
     pl = plan_from_args(args, meta)
@@ -573,8 +557,6 @@ def run(args) -> int:
     prog_cls = RichProgress if tty else PlainProgress
     stop = threading.Event()
     # A kill (SIGTERM) takes the same path as Ctrl-C: running builds are stopped, records kept.
-    import signal
-
     def _term(signum, frame):
         raise KeyboardInterrupt
     old_term = signal.signal(signal.SIGTERM, _term)
