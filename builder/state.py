@@ -60,10 +60,6 @@ class Config:
     max_table_bytes: int = DEFAULT_MAX_MIB * 1024 * 1024
     source: str | None = None  # the file read, if any
 
-    @property
-    def table_source(self) -> str:
-        return "$ENVBUILD_TABLE" if os.environ.get("ENVBUILD_TABLE") else str(self.source)
-
 
 _KEYS = {"table": str, "pubkey": str, "ca": str, "fetch_deadline_s": (int, float), "max_table_mib": (int, float)}
 
