@@ -17,6 +17,8 @@ from typing import Any, Callable, Iterable
 
 from . import yamlsafe
 from .errors import InputError
+from .index import Metadata
+from .paths import default_matrix
 from .selector import Selectors, add_selector_args, narrow, selectors_from_args, version_matches  # noqa: F401 - re-exported
 
 ENGINES = ("vllm", "sglang", "hf")
@@ -351,8 +353,6 @@ def _nothing_planned(pl: Plan, sel: Selectors) -> str:
 
 
 def matrix_from_args(args) -> Matrix:
-    from .paths import default_matrix
-
     return load_matrix(args.matrix or default_matrix())
 
 
@@ -383,8 +383,6 @@ def plan(m: Matrix, sel: Selectors | None = None, meta=None) -> Plan:
     `envbuild lock --vllm 0.8.4 --torch 2.7.0` can give its verdict), then filter.
     `meta` answers metadata questions (envbuild.index.Metadata); it fills torch: auto.
     """
-    from .index import Metadata
-
     sel = sel or Selectors()
     meta = meta or Metadata()
     engines = dict(m.engines)
