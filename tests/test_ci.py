@@ -63,6 +63,11 @@ def test_actionlint_is_not_vacuous(tmp_path):
     bad.write_text(WORKFLOW.read_text().replace("needs.plan.outputs.matrix", "needs.plan.outputs.matrx", 1))
     p = _lint(bad, CONFIG)
     assert p.returncode != 0 and "matrx" in p.stdout
+    # The shell steps go through shellcheck (ci/test.sh installs it; without it actionlint skips them).
+    assert shutil.which("shellcheck"), "shellcheck is not installed (ci/test.sh installs it)"
+    bad.write_text(WORKFLOW.read_text().replace("old=()\n", "old=()\n        echo $UNQUOTED\n", 1))
+    p = _lint(bad, CONFIG)
+    assert p.returncode != 0 and "shellcheck reported issue" in p.stdout and "SC2086" in p.stdout
     (tmp_path / "empty.yaml").write_text("self-hosted-runner:\n  labels: []\n")
     p = _lint(WORKFLOW, tmp_path / "empty.yaml")
     assert p.returncode != 0 and 'label "gpu" is unknown' in p.stdout
