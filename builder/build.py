@@ -286,6 +286,10 @@ class Builder:
         try:
             base = self.base_fn(combo)
             rec.base = base.to_dict()
+            if base.kind != "nvidia":
+                # The matrix's CUDA devel image and its glibc describe the nvidia base only: the
+                # record states what was built on (the glibc is read from the image by the probe).
+                rec.combo.update(base_image=base.pinned, glibc="")
             rendered = self.render_fn(combo, lr, base, o.results / "contexts")
         except InfraError as e:
             return finish("render", "error", e.cause, str(e))
@@ -374,6 +378,9 @@ class Builder:
                 return finish("probe", "error", "probe-error", str(e))
             timings["probe"] = round(time.monotonic() - t, 3)
             rec.probe = verdicts
+            seen = next((gl for v in verdicts.values() for gl in [(v.get("versions") or {}).get("glibc")] if gl), "")
+            if seen.startswith("glibc-"):
+                rec.combo["glibc"] = seen.removeprefix("glibc-")
             return finish("probe", *record_status(verdicts))
         return finish("build", "ok")
 

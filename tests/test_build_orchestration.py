@@ -330,6 +330,14 @@ def test_a_verdict_is_reused_by_image_content_and_a_changed_probe_probes_again(t
     assert calls == ["env", "contract"] * 2 and "reused_from" not in r3.probe["env"]
 
 
+def test_a_record_states_the_base_it_was_built_on_and_the_glibc_the_probe_read(tmp_path):
+    probe = lambda image, **kw: {"status": "pass", "checks": [], "versions": {"glibc": "glibc-2.36"}}  # noqa: E731
+    (r,), _ = B.run_all(make_builder(tmp_path, FakeEngine(), probe="cpu", probe_fn=probe), [combo()], 1)
+    assert r.base["kind"] == "bootstrap"
+    assert r.combo["base_image"] == "envbuild/base:bookworm-py3-abc" and r.combo["glibc"] == "2.36"
+    assert "nvidia/cuda" not in json.dumps(r.to_dict())
+
+
 def test_concurrency_runs_builds_at_once(tmp_path):
     live, peak = [0], [0]
     lk = threading.Lock()
