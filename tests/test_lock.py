@@ -112,3 +112,23 @@ def test_unreachable_pytorch_index_is_never_a_verdict(isolated_cache, run_cli, t
     # an infrastructure failure is not cached: the next run asks again
     assert not list((isolated_cache / "locks").glob("*.json")) or all(
         json.loads(f.read_text())["status"] in ("ok", "unsatisfiable") for f in (isolated_cache / "locks").glob("*.json"))
+
+
+@pytest.mark.network
+def test_parallel_lock_keeps_plan_order_and_stays_quiet_when_piped(isolated_cache, run_cli, tmp_path):
+    env = {"ENVBUILD_CACHE": str(isolated_cache)}
+    sel = ["--cuda", "cu124", "--vllm", "0.8", "--verl", "0.4.1"]
+    p = run_cli("lock", *sel, "-j", "2", "--out", tmp_path, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    ids = [line.split(":")[0] for line in p.stdout.splitlines() if not line.startswith(" ")]
+    assert ids == ["verl0.4.1-vllm0.8.4-torch2.6.0-cu124-py3.11", "verl0.4.1-vllm0.8.5.post1-torch2.6.0-cu124-py3.11"]
+    assert "\x1b" not in p.stdout + p.stderr  # no progress display when piped
+    # one era for the combination: every layer says the same date, the verl one names it
+    for cid in ids:
+        lock = json.loads((tmp_path / cid / "lock.json").read_text())
+        assert {l["era"] for l in lock["layers"]} == {lock["era"]} == {"2025-07-11"}
+    # the torch layer is byte-identical across engines that share torch 2.6.0 cu124
+    a, b = ((tmp_path / cid / "torch.txt").read_bytes() for cid in ids)
+    assert a == b
+    q = run_cli("lock", *sel, "-j", "0", "--out", tmp_path, env=env)
+    assert q.returncode == 2 and "--jobs" in q.stderr
