@@ -144,7 +144,7 @@ echo "Site: $(find site -type f | wc -l) files, $(find site/history -name '*.dss
 NOTIFY = """set -euo pipefail
 old=()
 if [ -f last/compat.json ]; then old=(--old last); fi
-envbuild ci notify table "${old[@]}" --pubkey trusted-pubkey.json --table-url "$TABLE_URL"
+envbuild ci notify site "${old[@]}" --pubkey trusted-pubkey.json --table-url "$TABLE_URL"
 """
 FREE_DISK = """set -euo pipefail
 df -h /
@@ -309,7 +309,8 @@ envbuild ci probe{mx} "${{sel[@]}}" --results results --levels contract,gpu || [
                     {"uses": ACTIONS["pages-upload"], "with": {"path": "site"}},
                     {"uses": ACTIONS["upload"], "with": {
                         "name": "envbuild-tables", "if-no-files-found": "ignore",
-                        "path": "table/\nlast/\ntrusted-pubkey.json\ndiff.json\ndiff.md\n"}},
+                        # Plain files from the site (publish's --out is a link into a hidden folder).
+                        "path": "site/compat.json\nsite/compat.json.dsse\nlast/\ntrusted-pubkey.json\ndiff.json\ndiff.md\n"}},
                 ],
             },
             "deploy": {
