@@ -57,7 +57,7 @@ with_heartbeat "base bootstrap" envbuild base bootstrap
 
 step "5/8 lock, build, push and probe (~15 min cold: torch, the engine and verl are GBs)"
 with_heartbeat "build/push/probe" \
-  envbuild build "${sel[@]}" --base bootstrap --registry 127.0.0.1:5000 --push --probe cpu --results results
+  envbuild build "${sel[@]}" --base bootstrap --repository 127.0.0.1:5000 --push --probe cpu --results results
 
 step "6/8 signing key (./keys) and the signed table (./table)"
 [ -f keys/envbuild.key ] || envbuild keygen --out keys

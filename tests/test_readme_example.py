@@ -41,8 +41,9 @@ def test_readme_opening_example_is_build_publish_pick_with_the_key():
         assert argv[0] == "envbuild"
         args = parser.parse_args(argv[1:])  # exits (SystemExit) on a flag the CLI does not have
         assert args.command == argv[1]
+        assert not [k for k, v in vars(args).items() if k.startswith("deprecated_") and v is not None], argv
     keygen, build, publish, pick = (build_parser().parse_args(c[1:]) for c in cmds)
-    assert build.push and build.registry and build.results == publish.results
+    assert build.push and build.repository == "127.0.0.1:5000" and build.results == publish.results
     assert Path(publish.key).parent == Path(keygen.out) and Path(pick.pubkey).parent == Path(keygen.out)
     assert pick.table == publish.out
 
