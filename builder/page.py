@@ -229,7 +229,8 @@ function setupFilters() {
     const sel = document.getElementById("f-" + f);
     const vals = uniq(DATA.rows.map(r => field(r, f))).sort(f === "engine" || f === "status" ? undefined : byVersionDesc);
     sel.appendChild(el("option", {value: ""}, "all"));
-    for (const v of vals) sel.appendChild(el("option", v === state[f] ? {value: v, selected: ""} : {value: v}, v));
+    for (const v of vals)
+      sel.appendChild(el("option", v === state[f] ? {value: v, selected: ""} : {value: v}, f === "cuda" ? cudaVersion(v) || v : v));
     if (state[f] && vals.includes(state[f])) sel.value = state[f];
     else delete state[f];
     sel.addEventListener("change", () => { state[f] = sel.value; delete state.sel; writeHash(state); draw(); });
