@@ -202,15 +202,18 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from .fsutil import write_atomic
-    from .verify import load_verified
+    from .state import TrustStore
+    from .verify import check_fresh, load_verified
 
     ko = args.old_pubkey or args.pubkey
     kn = args.new_pubkey or args.pubkey
-    # OLD is old by design: its signature is checked, not its freshness; NEW must be current.
+    # OLD is old by design: its signature is checked, not its freshness. NEW must be current,
+    # checked after the order so that swapped arguments get the message that says so.
     old, _ = load_verified(args.old, ko, insecure=args.insecure, quiet=True, fresh=False, ca=args.ca)
-    new, _ = load_verified(args.new, kn, insecure=args.insecure, quiet=args.json,
-                           allow_rollback=args.allow_rollback, ca=args.ca)
+    new, info = load_verified(args.new, kn, insecure=args.insecure, quiet=True, fresh=False, ca=args.ca)
     check_order(old, new, str(args.old), str(args.new))
+    if info["verified"]:
+        check_fresh(new, info["keyid"], info["envelope"], TrustStore.load(), args.allow_rollback, args.json)
     d = compare(old, new, str(args.old), str(args.new))
     if args.markdown:
         write_atomic(args.markdown, render_markdown(d, verified=not args.insecure))

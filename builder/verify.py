@@ -423,7 +423,9 @@ def verify_attestations(table: Table, info: dict, pubkey=None) -> int:
             raise VerifyError(f"{path}: missing attestation for {row.id}")
         payload, ptype = verify_envelope(_json(raw, path, "a DSSE envelope"), key, path)
         stmt = _json(payload, path, "an in-toto statement")
-        subj = stmt.get("subject") if isinstance(stmt, dict) else None
+        if not isinstance(stmt, dict):
+            stmt = {}
+        subj = stmt.get("subject")
         first = subj[0] if isinstance(subj, list) and subj and isinstance(subj[0], dict) else {}
         sha = (first.get("digest") or {}).get("sha256") if isinstance(first.get("digest"), dict) else None
         if ptype != IN_TOTO_PAYLOAD_TYPE or stmt.get("_type") != STATEMENT_TYPE or digest != f"sha256:{sha}":

@@ -145,6 +145,7 @@ def test_tables_given_out_of_order_are_refused_not_called_fixed(tables, run_cli,
     monkeypatch.setenv("SOURCE_DATE_EPOCH", str(int(time.time()) + 86400))
     publish(tables["tmp"] / "new-results", tables["priv"], tables["new"])
     monkeypatch.delenv("SOURCE_DATE_EPOCH")
+    assert run_cli("verify", tables["new"], "--pubkey", tables["pub"]).returncode == 0  # NEW's serial is now known
     p = run_cli("diff", tables["new"], tables["old"], "--pubkey", tables["pub"])
     assert p.returncode == 2 and p.stdout == "" and "Fixed" not in p.stdout
     assert "is newer than NEW" in p.stderr and "swap" in p.stderr and p.stderr.count("\n") == 1

@@ -45,8 +45,8 @@ def _target(site, name):
 
 def _read_all(site, pub):
     t, info = load_verified(site, pub if pub else None)
+    verify_attestations(t, info)  # before the file hashes, so that its own parsing is fuzzed too
     verify_files(t, info)
-    verify_attestations(t, info)
     for r in t.rows:  # every row typed (the lazy rows must not hide a crash)
         r.to_dict()
 
