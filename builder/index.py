@@ -228,9 +228,14 @@ def torch_source(variant: str, torch_version: str, meta: "Metadata", root: str |
     default = meta.default_cuda(torch_version)
     if default == variant:
         return TorchSource(variant, default, None)
-    root = pytorch_index_root() or (check_index_url(root, "pytorch_index", "matrix").rstrip("/") if root
-                                    else PYTORCH_INDEX_DEFAULT)
-    return TorchSource(variant, default, pytorch_index_url(root, variant))
+    return TorchSource(variant, default, pytorch_index_url(pytorch_root(root), variant))
+
+
+def pytorch_root(matrix_root: str | None = None) -> str:
+    """The PyTorch index root in force: ENVBUILD_PYTORCH_INDEX, else the matrix's `pytorch_index`,
+    else the public index. The lock and the build (its torch-index secret) both ask here."""
+    return pytorch_index_root() or (check_index_url(matrix_root, "pytorch_index", "matrix").rstrip("/")
+                                    if matrix_root else PYTORCH_INDEX_DEFAULT)
 
 
 def check_reachable(url: str) -> None:
