@@ -253,6 +253,11 @@ class LazyRows(Sequence):
     def __len__(self) -> int:
         return len(self._raw)
 
+    def __eq__(self, other) -> bool:  # equal to the same rows, lazy or a plain list
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None
+
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
