@@ -38,6 +38,7 @@ from typing import Iterator
 from .fsutil import safe_name, write_json_atomic
 
 SCHEMA = 1
+MAX_RECORD_BYTES = 16 << 20  # a record is a few kB to a few hundred kB (probe verdicts included)
 
 
 def new_run_id() -> str:
@@ -66,8 +67,24 @@ class Record:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Record":
+    def from_dict(cls, d: object) -> "Record":
+        """A record from its JSON (any schema so far: unknown keys are ignored). ValueError when
+        it is not one: the fields every reader relies on must have their types."""
+        if not isinstance(d, dict):
+            raise ValueError("not a JSON object")
         known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        combo = known.get("combo")
+        if not isinstance(combo, dict) or not isinstance(combo.get("id"), str) or not combo["id"]:
+            raise ValueError("combo.id missing")
+        for k, typ in (("stage", str), ("status", str), ("run_id", str)):
+            if not isinstance(known.get(k, ""), typ):
+                raise ValueError(f"{k} is not a {typ.__name__}")
+        for k in ("probe", "timings", "machine"):
+            if not isinstance(known.get(k) or {}, dict):
+                raise ValueError(f"{k} is not an object")
+        for k in ("image", "base"):
+            if known.get(k) is not None and not isinstance(known[k], dict):
+                raise ValueError(f"{k} is not an object")
         return cls(**known)
 
 
@@ -96,9 +113,12 @@ def iter_records(results: str | os.PathLike) -> Iterator[Record]:
         return
     for p in sorted(root.glob("*/*.json")):
         try:
-            yield Record.from_dict(json.loads(p.read_text()))
-        except (json.JSONDecodeError, TypeError, OSError):
-            continue  # a foreign or truncated file is not a record
+            if not p.is_file() or p.stat().st_size > MAX_RECORD_BYTES:
+                continue
+            rec = Record.from_dict(json.loads(p.read_text(encoding="utf-8")))
+        except (ValueError, TypeError, OSError, RecursionError):
+            continue  # a foreign, truncated or hostile file is not a record (UnicodeDecodeError is a ValueError)
+        yield rec
 
 
 def latest(records, *, with_image: bool = False) -> dict[str, Record]:

@@ -97,9 +97,6 @@ def _json_garbage(rnd: random.Random) -> bytes:
             continue
 
 
-@pytest.mark.xfail(strict=True, reason="builder/record.py (lead): iter_records lets UnicodeDecodeError, "
-                   "RecursionError and ValueError (5,000-digit int) escape; latest_by_combo assumes combo is a "
-                   "mapping. Remove this mark once fixed.")
 @settings(max_examples=30, deadline=None, derandomize=True, database=None, phases=[Phase.generate])
 @given(rnd=st.randoms(use_true_random=False), n=st.integers(1, 6))
 def test_record_reader_survives_any_bytes(rnd, n):
