@@ -160,3 +160,28 @@ def test_every_check_carries_its_level(capsys):
     v = run(build_parser().parse_args(["--level", "contract", "--engine", "hf"]))
     assert v.checks and all(c.level in ("env", "contract") for c in v.checks)
     assert {c.level for c in v.checks if c.name in ("python", "pip-check")} == {"env"}
+
+
+def test_background_readers_run_in_child_processes(tmp_path, monkeypatch):
+    from envbuild.probe.contract import Background
+    site = tmp_path / "site"
+    (site / "verl" / "workers" / "rollout").mkdir(parents=True)
+    (site / "verl" / "__init__.py").write_text("")
+    (site / "verl" / "workers" / "__init__.py").write_text("")
+    (site / "verl" / "workers" / "rollout" / "__init__.py").write_text("from vllm import LLM\n")
+    monkeypatch.syspath_prepend(str(site))
+    b = Background.start("sglang")
+    st = b.static()
+    rep = b.extensions()
+    assert b.from_child == {"static", "ext"}
+    assert st["owners"]["verl.workers.rollout"]["engines"] == ["vllm"]
+    assert st["owners"]["verl.workers.rollout"]["judged"] is False
+    assert isinstance(rep.scanned, dict)
+
+
+def test_a_probe_crash_outside_a_level_has_no_level():
+    v = Verdict(level="gpu", engine="hf")
+    with v.at_level("env"):
+        v.add("python", "pass")
+    v.add("probe", "error", "Traceback ...", "probe-error")
+    assert [c.level for c in v.checks] == ["env", None]  # the table counts it against every level

@@ -308,6 +308,7 @@ class Background:
         self.engine = engine
         self.procs: dict[str, tuple] = {}
         self.ext_seconds = 0.0
+        self.from_child: set[str] = set()  # jobs whose answer came from a child process
 
     @classmethod
     def start(cls, engine: str, parallel: bool = True) -> "Background":
@@ -341,9 +342,11 @@ class Background:
             proc.communicate()
             return None
         try:
-            return json.loads(out) if proc.returncode == 0 else None
+            got = json.loads(out) if proc.returncode == 0 else None
         except ValueError:
             return None
+        self.from_child.add(job)
+        return got
 
     def static(self) -> dict:
         got = self._result("static")

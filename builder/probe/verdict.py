@@ -45,6 +45,9 @@ class Verdict:
     gpu: dict = field(default_factory=dict)
     peak_gpu_mem: int | None = None  # bytes, max over ranks
     metrics: dict = field(default_factory=dict)  # numbers the gpu level measured (tolerances etc.)
+    # What the host must provide and which GPUs the native code runs on (env level): gpu_arch
+    # (fatbin.image_coverage), nccl, cudnn, min_shm_bytes.
+    hardware: dict = field(default_factory=dict)
     # Environment needs met by no check's failure: {"kind": needs-network|needs-writable-home,
     # "check": name, "module": ..., "what": what it fetches / writes}.
     caveats: list[dict] = field(default_factory=list)
@@ -53,7 +56,8 @@ class Verdict:
 
     def add(self, name: str, status: str, detail: str = "", cause: str | None = None,
             seconds: float = 0.0) -> Check:
-        c = Check(name, status, detail[:2000], cause, round(seconds, 4), self.current_level or self.level)
+        # Outside a level (the probe itself broke between levels) no level: it counts against all.
+        c = Check(name, status, detail[:2000], cause, round(seconds, 4), self.current_level)
         self.checks.append(c)
         return c
 

@@ -9,17 +9,21 @@ import sys
 import time
 from dataclasses import asdict
 
+from .contract import static_report
+from .extcheck import check_extensions
+
 
 def main(argv: list[str]) -> int:
     job, engine, path = argv[0], argv[1], argv[2]
-    # The parent's module search path: the same installed environment, not this child's cwd.
+    # The parent's module search path (set once this package is imported): the same installed
+    # environment, not this child's.
     sys.path[:] = [p for p in path.split(os.pathsep) if p]
+    import importlib
+    importlib.invalidate_caches()
     t0 = time.perf_counter()
     if job == "static":
-        from .contract import static_report
         out = static_report(engine)
     elif job == "ext":
-        from .extcheck import check_extensions
         rep = check_extensions()
         out = {"scanned": rep.scanned, "problems": [asdict(p) for p in rep.problems],
                "driver_libs": sorted(rep.driver_libs), "optional_missing": sorted(rep.optional_missing)}
