@@ -85,6 +85,7 @@ def test_import_wins_where_it_judged_and_static_decides_behind_a_gpu(drifted):
     v.add(f"import:{SGL_ROLLOUT}", FAIL, "ImportError: cannot import name 'Tool'", "import-error")
     _static_checks(v, rep)
     assert "static: verl/workers/rollout/sglang_rollout/sglang_rollout.py:38" in v.checks[0].detail
+    assert next(c for c in v.checks if c.name == f"static:{SGL_ROLLOUT}").status == FAIL
 
 
 @pytest.mark.network

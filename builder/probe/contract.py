@@ -210,7 +210,8 @@ def run_contract(v: Verdict, expect: dict, engine: str, background: "Background 
 def _static_checks(v: Verdict, static: dict) -> None:
     """One `static:<module>` check per verl module of this engine. Where the import check judged
     the module (pass or fail), the import wins for what runs at import; the static finding is
-    shown beside it. Imports inside functions are only ever judged here."""
+    shown beside it (a passing import overrules a static miss at module level; a failing one
+    agrees with it). Imports inside functions are only ever judged here."""
     imports = {c.name[len("import:"):]: c for c in v.checks if c.name.startswith("import:")}
     for mod, res in sorted(static.get("static", {}).items()):
         finds = res["findings"]
@@ -222,7 +223,7 @@ def _static_checks(v: Verdict, static: dict) -> None:
                     f"from {f['module']} import {f['name']}: {f['where']}" if f["name"] else
                     f"{f['file']}:{f['line']} import {f['module']}: {f['where']}")
             lines.append(line)
-            if f["function"] or not decided:
+            if f["function"] or not decided or imp.status == FAIL:
                 failing.append(line)
         if imp is not None and imp.status == FAIL and lines:
             imp.detail = f"{imp.detail}\nstatic: " + "\nstatic: ".join(lines[:5])
