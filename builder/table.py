@@ -22,6 +22,7 @@ the sha256 of every other file, so `verify` covers them all.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -358,14 +359,18 @@ def _previous(out: Path) -> tuple[Table | None, bytes | None]:
         return None, None
 
 
-def _adopt_legacy_dir(out: Path, sites: Path) -> None:
-    """A real folder from an older envbuild (or an empty one) becomes the first site."""
+def _check_adoptable(out: Path) -> None:
+    """--out may be a real folder only if it holds nothing but a table (an older envbuild's)."""
     extra = sorted(p.name for p in out.iterdir() if p.name not in SITE_FILES)
     if extra:
         raise InputError(str(out), None, "--out", str(out),
                          f"is a folder holding other files ({', '.join(extra[:3])}); publish into a new "
                          "folder: envbuild replaces --out as a whole")
-    sites.mkdir(parents=True, exist_ok=True)
+
+
+def _adopt_legacy_dir(out: Path, sites: Path) -> None:
+    """A real folder from an older envbuild (or an empty one) becomes the first site."""
+    _check_adoptable(out)
     dest = sites / f"0-legacy-{secrets.token_hex(4)}"
     os.rename(out, dest)  # the one non-atomic step, once per table folder: --out is missing meanwhile
     _switch(out, dest)
@@ -443,13 +448,18 @@ def publish(results: str | os.PathLike, key: str | os.PathLike, out: str | os.Pa
     if out.exists() and not out.is_symlink():
         if not out.is_dir():
             raise InputError(str(out), None, "--out", str(out), "exists and is not a folder")
-        _adopt_legacy_dir(out, sites)
-    current = os.path.realpath(out) if out.is_symlink() else None
-    site = sites / f"{table.serial}-{secrets.token_hex(4)}"
-    for name, blob in files.items():
-        write_atomic(site / name, blob)
-    _switch(out, site)
-    _prune(sites, {site.name} | ({Path(current).name} if current else set()))
+        _check_adoptable(out)  # before anything is written next to it
+    sites.mkdir(parents=True, exist_ok=True)
+    with open(sites / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two publishes into one --out: one after the other
+        if out.is_dir() and not out.is_symlink():
+            _adopt_legacy_dir(out, sites)
+        current = os.path.realpath(out) if out.is_symlink() else None
+        site = sites / f"{table.serial}-{secrets.token_hex(4)}"
+        for name, blob in files.items():
+            write_atomic(site / name, blob)
+        _switch(out, site)
+        _prune(sites, {site.name, ".lock"} | ({Path(current).name} if current else set()))
     return table
 
 

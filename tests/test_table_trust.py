@@ -216,7 +216,7 @@ def test_a_crash_between_writes_leaves_the_old_set_verifiable(site, monkeypatch,
     # The next publish succeeds and removes the half-written folder.
     publish(site["res"], site["priv"], site["out"])
     sites = site["out"].parent / ".table.sites"
-    assert len(list(sites.iterdir())) == 2  # the current and the previous one
+    assert len([p for p in sites.iterdir() if p.is_dir()]) == 2  # the current and the previous one
     assert json.loads((site["out"] / "compat.json").read_text())["counts"]["verified"] == 2
 
 
@@ -235,7 +235,7 @@ def test_a_table_folder_from_an_older_envbuild_is_adopted(tmp_path):
     (other / "notes.txt").write_text("mine")
     with pytest.raises(InputError, match="other files"):
         publish(res, priv, other)
-    assert (other / "notes.txt").read_text() == "mine"
+    assert (other / "notes.txt").read_text() == "mine" and not (tmp_path / ".mine.sites").exists()
 
 
 def test_parse_utc_agrees_with_calendar_and_refuses_garbage():
@@ -249,3 +249,23 @@ def test_parse_utc_agrees_with_calendar_and_refuses_garbage():
     for bad in ("2026-13-01T00:00:00Z", "2026-01-01T00:00:00Z\n", "2026-01-01", "", None):
         with pytest.raises(ValueError):
             table_mod.parse_utc(bad)
+
+
+def test_concurrent_publishes_into_one_folder_leave_a_verifiable_table(site):
+    import threading
+    errors = []
+
+    def one():
+        try:
+            publish(site["res"], site["priv"], site["out"])
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert os.path.isdir(os.path.realpath(site["out"]))
+    load_verified(site["out"], site["pub"])
