@@ -15,6 +15,10 @@ from .extcheck import check_extensions
 
 def main(argv: list[str]) -> int:
     job, engine, path = argv[0], argv[1], argv[2]
+    try:
+        os.nice(5)  # the parent's imports are the critical path; this reading fills idle cores
+    except OSError:
+        pass
     # The parent's module search path (set once this package is imported): the same installed
     # environment, not this child's.
     sys.path[:] = [p for p in path.split(os.pathsep) if p]
