@@ -214,3 +214,26 @@ def test_build_constraints_reach_the_steps_that_may_build(tmp_path):
     # Without constraints, the steps do not mention them (and the CUDA layers never do).
     plain = render_dockerfile(VLLM, fake_lock(VLLM, nvidia=NVIDIA), NV)
     assert "--build-constraints" not in plain
+
+
+def test_one_base_type_and_resolver():
+    """render, ci bake and build resolve bases with envbuild.base.resolve_base; an image pulled
+    from a registry is pinned by its registry digest, a local-only one is not."""
+    from types import SimpleNamespace
+
+    from envbuild import base as B
+    from envbuild import render as R
+    from envbuild.errors import InputError
+
+    assert R.Base is B.Base and B.BaseRef is B.Base
+    dig = "sha256:" + "b" * 64
+    eng = SimpleNamespace(repo_digests=lambda ref: [f"other/repo@sha256:{'c' * 64}", f"nvidia/cuda@{dig}"])
+    got = B.resolve_base(eng, "nvidia", VLLM)
+    assert got == B.Base("nvidia", VLLM.base_image, dig) and got.pinned == f"{VLLM.base_image}@{dig}"
+    assert B.Base.from_dict(got.to_dict()) == got
+    local = SimpleNamespace(repo_digests=lambda ref: [])
+    assert B.resolve_base(local, "my/base:1", VLLM).pinned == "my/base:1"
+    assert R.base_for(VLLM, "nvidia") == B.Base("nvidia", VLLM.base_image)  # no engine: nothing asked
+    assert R.base_for(VLLM, "bootstrap", "envbuild/base:x") == B.Base("bootstrap", "envbuild/base:x")
+    with pytest.raises(InputError):
+        R.base_for(VLLM, "--oops")
