@@ -64,7 +64,7 @@ _NET_RE = re.compile(r"(error sending request|Could not connect|connection (refu
                      r"timed out|Failed to fetch|failed to lookup address|tls|certificate|"
                      r"Network unreachable|HTTP status server error|status code 5\d\d)", re.I)
 # uv's hint when the era cutoff hid what a requirement needs.
-_FILTERED_RE = re.compile(r"`([A-Za-z0-9_.\-]+)` was filtered by `exclude-newer` to only include packages uploaded "
+_FILTERED_RE = re.compile(r"`([A-Za-z0-9_.\-]+)` was filtered by `exclude-newer(?:-package)?` to only include packages uploaded "
                           r"before [^.]*\.(?: The latest version satisfying the requirement is v?(\S+), published "
                           r"at (\d{4}-\d\d-\d\d))?")
 
@@ -367,8 +367,8 @@ class Locker:
 
     def _resolve(self, reqs: list[str], when: str, c: Combo, src: TorchSource) -> dict:
         lifts: dict[str, str] = {}  # package -> its own cutoff
-        notes: list[str] = []
-        while True:
+        taken: dict[str, str] = {}  # package -> the upload date it needed
+        for _ in range(MAX_RELAX + 1):
             # The same resolution as pylock.toml (which names every file of every pin) runs
             # beside it: it tells which pins have no wheel, at no cost in wall time.
             with ThreadPoolExecutor(2) as pool:
@@ -380,17 +380,16 @@ class Locker:
             new = {}
             for m in _FILTERED_RE.finditer(d["text"]):
                 name = canonicalize_name(m.group(1))
-                if name in lifts or name in new:
-                    continue
-                date = m.group(3) or self._first_upload_after(name, when)
-                if date:
-                    new[name] = date
-            if not new or len(lifts) + len(new) > MAX_RELAX:
+                date = m.group(3) or (None if name in lifts else self._first_upload_after(name, when))
+                if date and date > taken.get(name, when) and date > new.get(name, ""):
+                    new[name] = date  # a first lift, or a later one when the first was not enough
+            if not new:
                 break  # unsatisfiable without the cutoff's artefacts too (or nothing left to lift)
             for name, date in new.items():
+                taken[name] = date
                 lifts[name] = (dt.date.fromisoformat(date) + dt.timedelta(days=1)).isoformat()
-                notes.append(f"{name} taken from {date}: no earlier release on the index satisfies the "
-                             f"requirement (era {when})")
+        notes = [f"{name} taken from {date}: no earlier release on the index satisfies the requirement "
+                 f"(era {when})" for name, date in sorted(taken.items())]
         d["relaxed"] = notes if d["status"] == "ok" else []
         d["era"] = when
         if d["status"] == "unsatisfiable" and notes:
