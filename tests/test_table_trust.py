@@ -269,3 +269,25 @@ def test_concurrent_publishes_into_one_folder_leave_a_verifiable_table(site):
     assert not errors
     assert os.path.isdir(os.path.realpath(site["out"]))
     load_verified(site["out"], site["pub"])
+
+
+def test_a_schema_1_table_still_reads_but_not_after_a_newer_serial(site, capsys):
+    """Old compat.json (no serial, expires or files) reads; replayed after a serial was seen, it is a rollback."""
+    from envbuild.sign import load_signer, sign_envelope
+    from envbuild.table import TABLE_PAYLOAD_TYPE
+    d = json.loads((site["out"] / "compat.json").read_text())
+    for k in ("serial", "expires", "files"):
+        del d[k]
+    d["schema"] = 1
+    old = site["tmp"] / "v1"
+    old.mkdir()
+    data = (json.dumps(d, indent=1, sort_keys=True) + "\n").encode()
+    (old / "compat.json").write_bytes(data)
+    (old / "compat.json.dsse").write_text(json.dumps(sign_envelope(data, TABLE_PAYLOAD_TYPE,
+                                                                   load_signer(site["priv"]))))
+    t, _ = load_verified(old, site["pub"])
+    assert t.schema == 1 and t.serial is None and t.to_dict()["rows"] == d["rows"]
+    assert "no expiry" in capsys.readouterr().err
+    load_verified(site["out"], site["pub"])  # the current table: its serial is now remembered
+    with pytest.raises(TrustError, match="serial 0 is older"):
+        load_verified(old, site["pub"])
