@@ -262,7 +262,7 @@ class Locker:
 
     def lock(self, c: Combo, out_dir: str | os.PathLike | None = None) -> LockResult:
         try:
-            src = torch_source(c.cuda, c.torch, self.meta, getattr(self.matrix, "pytorch_index", None))
+            src = torch_source(c.cuda, c.torch, self.meta, self.matrix.pytorch_index)
         except InfraError as e:
             return LockResult(c, e.cause, e.message)
         res = LockResult(c, "ok", torch_index=redact(src.url) if src.url else "default")
