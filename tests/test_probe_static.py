@@ -107,7 +107,8 @@ def test_ownership_by_path_imports_and_extras(pinned):
     assert o.engines == {"vllm"} and "megatron" in o.backends
     assert applies(o, "vllm", installed)[1] == "optional-backend"
     o = owner("verl.utils.reward_score.geo3k", ix, installed, extras)  # imports mathruler: verl's extra "geo"
-    assert "mathruler" in o.backends and "geo" in o.why
+    assert o.extras == {"mathruler": "geo"}
+    assert applies(o, "vllm", installed)[1] == "optional-dependency"
     # verl's copy of vLLM 0.5.4 internals applies only to that release
     o = owner("verl.third_party.vllm.vllm_v_0_5_4.worker", ix, installed, extras)
     assert applies(o, "vllm", installed, "0.5.4")[0]

@@ -258,7 +258,7 @@ def static_report(engine: str, paths: list[str] | None = None) -> dict:
             continue  # neither engine-facing nor touching an engine: no syntax tree needed
         o = owner(mod, index, installed, extras)
         judged, cause, detail = applies(o, engine, installed, engine_version)
-        if mod in facing or o.engines or o.backends:
+        if mod in facing or o.engines or o.backends or o.extras:
             owners[mod] = {"engines": sorted(o.engines), "backends": sorted(o.backends), "why": o.why,
                            "judged": judged, "cause": cause, "detail": detail}
         if judged and (mod in facing or engine in o.engines):

@@ -26,6 +26,7 @@ class Owner:
     backends: set[str]  # optional backends / extras it needs (top-level module names)
     why: str  # "path" | "imports X" | "verl extra Y"
     only_for: dict[str, str] | None = None  # verl's copy for one engine release: {"vllm": "0.5.4"}
+    extras: dict[str, str] | None = None  # packages of verl's optional extras it imports -> the extra
 
 
 def _norm(name: str) -> str:
@@ -54,7 +55,7 @@ def verl_extras() -> dict[str, str]:
 
 def owner(dotted: str, index: ModuleIndex, installed, extras: dict[str, str]) -> Owner:
     """`installed(top)` says whether a top-level module can be found (without importing it)."""
-    engines, backends, why = set(), set(), []
+    engines, backends, why, from_extras = set(), set(), [], {}
     for tok in re.split(r"[._]", dotted.lower()):
         if tok in ENGINE_TOKENS:
             engines.add(ENGINE_TOKENS[tok])
@@ -85,9 +86,9 @@ def owner(dotted: str, index: ModuleIndex, installed, extras: dict[str, str]) ->
             if ex in ENGINE_TOKENS:
                 engines.add(ENGINE_TOKENS[ex])
             else:
-                backends.add(top)
+                from_extras[top] = ex
             why.append(f"imports {top}, which verl lists under its extra {ex!r} (line {ref.line})")
-    return Owner(engines, backends, "; ".join(why), only_for or None)
+    return Owner(engines, backends, "; ".join(why), only_for or None, from_extras or None)
 
 
 def applies(o: Owner, engine: str, installed, engine_version: str | None = None) -> tuple[bool, str, str]:
@@ -102,4 +103,8 @@ def applies(o: Owner, engine: str, installed, engine_version: str | None = None)
     missing = sorted(b for b in o.backends if not installed(b))
     if missing:
         return False, "optional-backend", f"needs {', '.join(missing)} ({o.why}): optional backend not installed"
+    missing = sorted(t for t in (o.extras or {}) if not installed(t))
+    if missing:
+        return False, "optional-dependency", (f"needs {', '.join(missing)}, of verl's optional extra "
+                                              f"{', '.join(sorted({o.extras[t] for t in missing}))} ({o.why})")
     return True, "", ""
