@@ -5,8 +5,8 @@
 # Needs root (apt, dockerd). Installs envbuild into a virtual environment of its own, ./.venv
 # (the distribution's python3 refuses `pip install` outside one: PEP 668). Leaves: the image in the
 # local Docker engine and in the registry on 127.0.0.1:5000, records in ./results, the signed table
-# in ./table, the signing key pair in ./keys. Measured from cold on 2 cores: ~19 min, an 8.4 GB
-# image and ~11 GB of build cache.
+# in ./table, the signing key pair in ./keys. From cold on 2 cores: 12-19 min and ~21 GB of disk
+# (README, Quickstart).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sel=("$@")
