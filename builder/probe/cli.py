@@ -41,22 +41,24 @@ def run(args: argparse.Namespace) -> Verdict:
                                     ("engine_version", args.expect_engine_version), ("verl", args.expect_verl)) if val}
     v = Verdict(level=args.level, engine=args.engine, expect=expect)
     upto = LEVELS[:LEVELS.index(args.level) + 1]
+    # The probe's own modules are imported before the CUDA warm-up thread starts importing torch:
+    # two threads importing the same standard modules at once can see one half-initialised.
+    from .env_level import run_env
+    background = None
+    if "contract" in upto:
+        from .contract import Background, run_contract
+        background = Background.start(args.engine)  # its reading starts now, beside torch's import
     if "gpu" in upto:
+        from . import engines, extcheck, tiny_model, train  # noqa: F401  (imported lazily by the levels)
+        from .gpu_level import GpuOptions, run_gpu
         _warm_cuda()
     try:
-        background = None
-        if "contract" in upto:
-            from .contract import Background  # its reading starts now, beside torch's import
-            background = Background.start(args.engine)
-        from .env_level import run_env
         with v.timed("env"), v.at_level("env"):
             run_env(v, expect, args.engine)
         if "contract" in upto:
-            from .contract import run_contract
             with v.timed("contract"), v.at_level("contract"):
                 run_contract(v, expect, args.engine, background)
         if "gpu" in upto:
-            from .gpu_level import GpuOptions, run_gpu
             opt = GpuOptions(prompts=args.prompts, n=args.n, max_tokens=args.max_tokens,
                              engine_dtype=args.engine_dtype, tol_max=args.tol_max, tol_mean=args.tol_mean,
                              seed=args.seed, scratch=args.scratch)
