@@ -135,7 +135,7 @@ def test_versions_match_packaging():
 
 
 def test_api_checks_outside_their_versions_are_not_applicable():
-    old = {"torch": "2.3.1", "transformers": "4.37.0", "sglang": "0.3.6", "vllm": "0.5.4"}.get
+    old = {"torch": "2.3.1", "transformers": "4.36.2", "sglang": "0.3.6", "vllm": "0.5.4"}.get
     got = {n: (s, c) for n, s, _d, c in api_checks("sglang", versions=old)}
     assert got == {"fsdp2": ("not-applicable", "version-out-of-range"),
                    "transformers": ("not-applicable", "version-out-of-range"),

@@ -42,7 +42,7 @@ def _need(name: str, have: set[str], want: set[str]):
 # not exist yet, and the stacks of that era do not use them.
 APPLIES: dict[str, dict[str, str]] = {
     "fsdp2": {"torch": ">=2.4"},  # fully_shard appeared in torch 2.4 (torch.distributed._composable.fsdp)
-    "transformers": {"transformers": ">=4.38"},  # GenerationConfig(output_logits) era; older ones lack Qwen2 pieces
+    "transformers": {"transformers": ">=4.37"},  # Qwen2ForCausalLM arrived in 4.37
     "vllm": {"vllm": ">=0.6.3"},  # prompt_token_ids dicts, EngineArgs fields (shared/reference/probe.md)
     "sglang": {"sglang": ">=0.4.4"},  # sglang.Engine(...) offline API
 }

@@ -340,23 +340,34 @@ def _defined_elsewhere(index: ModuleIndex, top: str, name: str, limit: int = 3) 
         return ""
     pat = re.compile(rf"^(?:class|def|async def)\s+{re.escape(name)}\b|^{re.escape(name)}\s*[:=]", re.M)
     hits = []
-    for root, dirs, files in os.walk(loc.dirs[0]):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for f in sorted(files):
-            if not f.endswith(".py"):
-                continue
-            p = os.path.join(root, f)
-            try:
-                with open(p, encoding="utf-8", errors="replace") as fh:
-                    text = fh.read()
-            except OSError:
-                continue
-            m = pat.search(text)
-            if m:
-                hits.append(f"{_rel(p)}:{text.count(chr(10), 0, m.start()) + 1}")
-                if len(hits) >= limit:
-                    return ", ".join(hits)
+    for p, text in _sources(loc.dirs[0]):
+        m = pat.search(text)
+        if m:
+            hits.append(f"{_rel(p)}:{text.count(chr(10), 0, m.start()) + 1}")
+            if len(hits) >= limit:
+                break
     return ", ".join(hits)
+
+
+_SOURCES: dict[str, list[tuple[str, str]]] = {}
+
+
+def _sources(root: str) -> list[tuple[str, str]]:
+    """Every .py file under a package folder, read once per process (failures only need it)."""
+    if root not in _SOURCES:
+        out = []
+        for dirpath, dirs, files in os.walk(root):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            for f in sorted(files):
+                if f.endswith(".py"):
+                    p = os.path.join(dirpath, f)
+                    try:
+                        with open(p, encoding="utf-8", errors="replace") as fh:
+                            out.append((p, fh.read()))
+                    except OSError:
+                        continue
+        _SOURCES[root] = out
+    return _SOURCES[root]
 
 
 def module_imports(index: ModuleIndex, dotted: str) -> list[ImportRef]:
