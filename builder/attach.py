@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import provenance, sbom
-from .docker import registry_host
+from .image import registry_host
 from .errors import InfraError, InputError
 from .sign import (IN_TOTO_PAYLOAD_TYPE, STATEMENT_TYPE, TEST_RESULT_PREDICATE, VerifyError,
                    load_public_key, load_signer, public_key_of, sign_statement, verify_envelope)

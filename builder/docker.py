@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from .errors import InfraError
+from .image import registry_host, split_ref  # noqa: F401 - re-exported (tests, base)
 
 DAEMON_DOWN = re.compile(r"Cannot connect to the Docker daemon|Is the docker daemon running|"
                          r"error during connect|connect: no such file or directory|"
@@ -296,25 +297,6 @@ def skopeo_push(ref: str, compression: str, timeout: float = 3600) -> str:
 
 
 # --- references and registries ----------------------------------------------------------------
-
-def split_ref(ref: str) -> tuple[str, str]:
-    """'host:5000/a/b:tag' -> ('host:5000/a/b', 'tag'); a digest ref keeps '@sha256:..'."""
-    if "@" in ref:
-        repo, dig = ref.split("@", 1)
-        return repo, "@" + dig
-    slash = ref.rfind("/")
-    colon = ref.rfind(":")
-    if colon > slash:
-        return ref[:colon], ref[colon + 1:]
-    return ref, "latest"
-
-
-def registry_host(repo: str) -> str | None:
-    first = repo.split("/", 1)[0]
-    if "/" in repo and ("." in first or ":" in first or first == "localhost"):
-        return first
-    return None
-
 
 MANIFEST_TYPES = ", ".join([
     "application/vnd.docker.distribution.manifest.v2+json",

@@ -34,6 +34,26 @@ OCI = "org.opencontainers.image"
 SRC = Path(__file__).resolve().parent.parent  # a source checkout when .git is there
 
 
+def split_ref(ref: str) -> tuple[str, str]:
+    """'host:5000/a/b:tag' -> ('host:5000/a/b', 'tag'); a digest ref keeps '@sha256:..'."""
+    if "@" in ref:
+        repo, dig = ref.split("@", 1)
+        return repo, "@" + dig
+    slash = ref.rfind("/")
+    colon = ref.rfind(":")
+    if colon > slash:
+        return ref[:colon], ref[colon + 1:]
+    return ref, "latest"
+
+
+def registry_host(repo: str) -> str | None:
+    """The registry a repository names (`127.0.0.1:5000`), None for the default registry."""
+    first = repo.split("/", 1)[0]
+    if "/" in repo and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return None
+
+
 def sanitize_tag(tag: str) -> str:
     """A string -> a valid tag (`[A-Za-z0-9_.-]`, at most 128 characters)."""
     return re.sub(r"[^A-Za-z0-9_.-]", "_", tag)[:128]

@@ -21,7 +21,7 @@ import html
 import json
 
 from . import drivers
-from .table import TABLE_PAYLOAD_TYPE
+from .row import TABLE_PAYLOAD_TYPE
 
 HISTORY_IN_PAGE = 10  # the page shows recent runs; compat.json keeps them all
 ROW_KEYS = ("id", "combo", "image", "build", "levels", "best_level", "status", "failure", "versions")

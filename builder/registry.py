@@ -20,6 +20,7 @@ import requests
 import requests.adapters
 
 from .errors import InfraError
+from .image import registry_host
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -205,7 +206,6 @@ class Registry:
 
 def split_repo(repo: str) -> tuple[str, str]:
     """'host:5000/a/b' -> ('host:5000', 'a/b'); a repo without a registry host is input error."""
-    from .docker import registry_host
 
     host = registry_host(repo)
     if not host:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from .errors import InputError
 from .vocab import LEVELS
 
+TABLE_PAYLOAD_TYPE = "application/vnd.envbuild.compat-table+json"  # the DSSE payload type of compat.json
 SCHEMA = 2
 READABLE_SCHEMAS = (1, 2)
 STATUSES = ("verified", "broken", "untested", "unpinned")

@@ -33,11 +33,10 @@ from pathlib import Path
 
 from .errors import InputError
 from .fsutil import safe_name, write_atomic
-from .row import (SCHEMA, Combo, Entry, Failure, HistoryEntry, Image, Row, Table,  # noqa: F401 (re-exported)
+from .row import (SCHEMA, TABLE_PAYLOAD_TYPE, Combo, Entry, Failure, HistoryEntry, Image, Row, Table,  # noqa: F401 (re-exported)
                   parse_pinned, parse_utc)
 from .vocab import LEVELS
 
-TABLE_PAYLOAD_TYPE = "application/vnd.envbuild.compat-table+json"
 DECISIVE = {"pass", "fail", "timeout"}  # probe statuses that are a verdict on the stack
 DEFAULT_RESULTS = "results"
 DEFAULT_OUT = "table"

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import InfraError, InputError, TrustError, UsageError
-from .row import Table, parse_utc
+from .row import TABLE_PAYLOAD_TYPE, Table, parse_utc
 from .sign import PublicKey, VerifyError, load_public_key, parse_public_key, parse_public_key_bytes, verify_envelope
 from .state import Config, TrustStore, config_path, load_config
 
@@ -40,7 +40,6 @@ TABLE_NAME = "compat.json"
 ENVELOPE_SUFFIX = ".dsse"
 PUBKEY_NAME = "pubkey.json"
 DEFAULT_TABLE = "table"
-TABLE_PAYLOAD_TYPE = "application/vnd.envbuild.compat-table+json"  # table.py's, without importing it
 
 
 def _is_url(s: str) -> bool:
