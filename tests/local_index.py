@@ -37,7 +37,7 @@ class LocalIndex:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.files: dict[tuple[str, str], list[dict]] = {}  # (root, project) -> entries
         self.html_roots: set[str] = set()
-        self.requests: list[str] = []
+        self.requests: list[str] = []  # "GET /cu128/torch/", "GET /files/... [range]"
         index = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -48,7 +48,7 @@ class LocalIndex:
                 self.do_GET(head=True)
 
             def do_GET(self, head=False):
-                index.requests.append(self.path)
+                index.requests.append(f"{self.command} {self.path}" + (" [range]" if self.headers.get("Range") else ""))
                 parts = [p for p in self.path.split("?")[0].split("/") if p]
                 if len(parts) == 3 and parts[0] == "files":
                     return self._file(index.dir / parts[1] / parts[2], head)
