@@ -127,6 +127,8 @@ def test_parallel_lock_keeps_plan_order_and_stays_quiet_when_piped(isolated_cach
     for cid in ids:
         lock = json.loads((tmp_path / cid / "lock.json").read_text())
         assert {l["era"] for l in lock["layers"]} == {lock["era"]} == {"2025-07-11"}
+        # no temp path in the full lock: its hash is the same in every run and on every machine
+        assert "envbuild-lock-" not in (tmp_path / cid / "full.txt").read_text()
     # the torch layer is byte-identical across engines that share torch 2.6.0 cu124
     a, b = ((tmp_path / cid / "torch.txt").read_bytes() for cid in ids)
     assert a == b
