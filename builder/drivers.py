@@ -10,7 +10,8 @@ GPUs can also run a newer toolkit on an older driver with the forward-compatibil
 
 from __future__ import annotations
 
-import re
+from .vocab import cuda_version as vocab_cuda_version
+from .vocab import parse_cuda
 
 MIN_DRIVER_LINUX = {
     "11.8": "520.61.05",
@@ -35,10 +36,9 @@ FORWARD_COMPAT_NOTE = ("An older driver of the same CUDA major version (at least
 
 
 def cuda_version(spelling: object) -> str | None:
-    """'cu124', '12.4', '12.4.1' -> '12.4'; '13.0'/'cu130' -> '13.0'; else None."""
-    s = str(spelling or "").strip().lower()
-    m = re.fullmatch(r"cu(\d{2})(\d)", s) or re.fullmatch(r"(\d+)\.(\d+)(?:\.\d+)?", s)
-    return f"{int(m.group(1))}.{int(m.group(2))}" if m else None
+    """'cu124', '12.4', '12.4.1' -> '12.4' (the one parser: envbuild.vocab); else None."""
+    variant = parse_cuda(spelling)
+    return None if variant in (None, "cpu") else vocab_cuda_version(variant)
 
 
 def min_driver(spelling: object) -> str | None:

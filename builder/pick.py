@@ -14,7 +14,10 @@ import sys
 
 from packaging.version import InvalidVersion, Version
 
+from .errors import InputError
+from .probe.fatbin import parse_sm
 from .row import LEVELS, Combo, Row, Table, parse_pinned
+from .selector import Selectors, add_selector_args, from_flags, selectors_from_args
 
 # `verify` (and with it urllib, ssl, the config reader) is imported inside run(): `pick`'s whole
 # process must start in under 200 ms on a 1,000-row signed table (bench/pick_speed.py measures it).
@@ -22,25 +25,6 @@ from .row import LEVELS, Combo, Row, Table, parse_pinned
 LEVEL_RANK = {None: 0, "env": 1, "contract": 2, "gpu": 3}
 DEFAULT_LEVEL = "contract"  # env only proves versions; contract proves verl's rollout imports
 EXPLAIN_MAX = 25  # lines of explanation on a terminal; --json lists every rejected row
-SELECTORS = ("cuda", "vllm", "sglang", "verl", "torch", "python")
-
-
-def norm_cuda(v: object) -> str:
-    """'cu124', '12.4', '12.4.1' -> '124': one spelling for comparing CUDA versions."""
-    s = str(v or "").strip().lower()
-    if s.startswith("cu"):
-        s = s[2:]
-    if "." in s:
-        s = "".join(s.split(".")[:2])
-    return s
-
-
-def version_matches(want: str, have: object) -> bool:
-    """Component prefix match: '0.8' matches 0.8.4, '0.8.4' matches only 0.8.4 (not 0.8.40)."""
-    if have is None:
-        return False
-    w, h = str(want).strip().split("."), str(have).strip().split(".")
-    return h[: len(w)] == w
 
 
 def _ver(v: object):
@@ -50,26 +34,32 @@ def _ver(v: object):
         return (0, Version("0"))
 
 
-def matches(row: Row, sel: dict) -> bool:
-    return matches_combo(row.combo, sel)
+def _selectors(sel) -> Selectors:
+    return sel if isinstance(sel, Selectors) else from_flags(**sel)
 
 
-def matches_combo(c: Combo, sel: dict) -> bool:
-    for name, want in sel.items():
-        if want is None:
-            continue
-        if name == "cuda":
-            if norm_cuda(c.cuda) != norm_cuda(want):
-                return False
-        elif name in ("vllm", "sglang"):
-            if c.engine != name or not version_matches(want, c.engine_version):
-                return False
-        elif name == "engine":
-            if c.engine != want:
-                return False
-        elif not version_matches(want, c.get(name)):
-            return False
-    return True
+def matches(row: Row, sel) -> bool:
+    return matches_combo(row.combo, _selectors(sel))
+
+
+def matches_combo(c: Combo, sel: Selectors) -> bool:
+    return sel.matches(cuda=c.cuda, python=c.python, torch=c.torch, engine=c.engine,
+                       engine_version=c.engine_version, verl=c.verl)
+
+
+def gpu_gap(row: Row, sm: int | None) -> str | None:
+    """Why the row's native code has no kernels for this GPU (None: it has, or no GPU asked).
+    A row without coverage facts (probed before envbuild read them) is refused: unknown is not yes."""
+    if sm is None:
+        return None
+    arch = (row.hardware or {}).get("gpu_arch")
+    if not isinstance(arch, dict) or not arch.get("supports"):
+        return "its GPU architecture coverage is unknown (probe it again with this envbuild)"
+    if f"sm_{sm}" in arch["supports"]:
+        return None
+    lacking = (arch.get("lacking") or {}).get(f"sm_{sm}") or []
+    return (f"no kernels for sm_{sm} in {', '.join(lacking[:4])}" if lacking else f"sm_{sm} is not covered") + \
+        f" (covers {', '.join(arch['supports'])})"
 
 
 def rank_key(row: Row):
@@ -82,9 +72,12 @@ def _state(name: str, e) -> str:
     return f"{name} {e.status}" + (f" ({e.cause})" if e.cause else "")
 
 
-def why_not(row: Row, min_level: str) -> str:
+def why_not(row: Row, min_level: str, sm: int | None = None) -> str:
     """One line: why a matching row is not an answer."""
     st, best = row.status, row.best_level
+    gap = gpu_gap(row, sm) if st == "verified" else None
+    if gap:
+        return f"verified, but not for this GPU: {gap}"
     if st == "verified" and not row.pinned:
         return "marked verified but has no digest: refused"
     if st == "broken":
@@ -119,37 +112,39 @@ def eligible(row: Row, need: int) -> bool:
     return all(row.level(k).status == "pass" for k in LEVELS if LEVEL_RANK[k] <= rank)
 
 
-def pick(table: Table, sel: dict, min_level: str = DEFAULT_LEVEL) -> tuple[Row | None, list[Row]]:
-    """(best row or None, the matching rows that were not good enough)."""
+def pick(table: Table, sel, min_level: str = DEFAULT_LEVEL, sm: int | None = None) -> tuple[Row | None, list[Row]]:
+    """(best row or None, the matching rows that were not good enough). `sm`: the GPU's compute
+    capability (90 for an H200): only images whose native code has kernels for it qualify."""
+    sel = _selectors(sel)
     rows = table.where(lambda c: matches_combo(c, sel))
     need = LEVEL_RANK[min_level]
-    good = [r for r in rows if eligible(r, need)]
+    good = [r for r in rows if eligible(r, need) and gpu_gap(r, sm) is None]
     if good:
         return max(good, key=rank_key), []
     return None, rows
 
 
-def explain_empty(table: Table, sel: dict, rejected: list[Row], min_level: str) -> list[str]:
-    asked = " ".join(f"--{k} {v}" for k, v in sel.items() if v is not None) or "(no selectors)"
+def explain_empty(table: Table, sel, rejected: list[Row], min_level: str, sm: int | None = None) -> list[str]:
+    sel = _selectors(sel)
+    asked = sel.describe() + (f" --gpu sm_{sm}" if sm else "")
     if not rejected:
         lines = [f"no combination in the table matches {asked}"]
-        for name in (k for k, v in sel.items() if v is not None):
+        for name in (k for k in ("verl", "engine_version", "torch", "cuda", "python") if getattr(sel, k)):
             avail = sorted({_available(c, name) for c in table.combos()} - {None}, key=_ver)
-            lines.append(f"  {name} in the table: {', '.join(avail) or 'none'}")
+            lines.append(f"  {name.replace('engine_version', sel.engine or 'engine')} in the table: "
+                         f"{', '.join(avail) or 'none'}")
         return lines
     lines = [f"no verified image at level {min_level} or above matches {asked}; "
              f"{len(rejected)} combination(s) match:"]
     shown = sorted(rejected, key=lambda r: r.id)
     for r in shown[:EXPLAIN_MAX]:
-        lines.append(f"  {r.id}: {why_not(r, min_level)}")
+        lines.append(f"  {r.id}: {why_not(r, min_level, sm)}")
     if len(shown) > EXPLAIN_MAX:
         lines.append(f"  … and {len(shown) - EXPLAIN_MAX} more (narrow the selection, or --json for all)")
     return lines
 
 
 def _available(c: Combo, name: str) -> str | None:
-    if name in ("vllm", "sglang"):
-        return str(c.engine_version) if c.engine == name else None
     v = c.get(name)
     return str(v) if v is not None else None
 
@@ -160,12 +155,12 @@ def _available(c: Combo, name: str) -> str | None:
 def add_arguments(p) -> None:
     from .verify import add_trust_arguments
 
-    for name in SELECTORS:
-        p.add_argument(f"--{name}", metavar="VERSION", help=f"{name} version (prefix: 0.8 matches 0.8.x)")
+    add_selector_args(p, matrix=False)  # the one grammar (envbuild.selector): 0.8 selects 0.8.x
+    p.add_argument("--gpu", metavar="GPU", help="only images with kernels for this GPU: H100, H200, B200, GB200, "
+                                                "B300, sm_90, 9.0, ...")
     p.add_argument("--verify-attestations", action="store_true",
                    help="before answering, check the picked image's signed attestations in its registry "
                         "(envbuild attach); exit non-zero if any is missing, unsigned or tampered")
-    p.add_argument("--engine", choices=["vllm", "sglang", "hf"], help="rollout engine")
     p.add_argument("--level", choices=list(LEVELS), default=DEFAULT_LEVEL,
                    help=f"lowest probe level the image must have passed (default: {DEFAULT_LEVEL})")
     p.add_argument("--table", default=None, help="table directory, file or https URL (default: $ENVBUILD_TABLE, "
@@ -185,25 +180,30 @@ def run(args) -> int:
                                 allow_rollback=args.allow_rollback, ca=args.ca)
     if args.insecure:
         print("warning: --insecure: the table's signature was NOT checked", file=sys.stderr)
-    sel = {k: getattr(args, k) for k in (*SELECTORS, "engine")}
-    row, rejected = pick(table, sel, args.level)
+    sel = selectors_from_args(args)
+    sm = None
+    if args.gpu:
+        sm = parse_sm(args.gpu)
+        if sm is None:
+            raise InputError("command line", None, "--gpu", args.gpu, "not a GPU (H100, B200, sm_90, 9.0, ...)")
+    row, rejected = pick(table, sel, args.level, sm)
     if row and args.verify_attestations:  # the image's own attestations (envbuild.attach)
         from .attach import check_picked
 
         check_picked(row, args.pubkey, info, quiet=args.json)
     if args.json:
         out = {"ref": row.pinned if row else None, "level": row.best_level if row else None,
-               "row": row.to_dict() if row else None, "selection": {k: v for k, v in sel.items() if v is not None},
+               "row": row.to_dict() if row else None, "selection": sel.describe(), "gpu": f"sm_{sm}" if sm else None,
                "min_level": args.level, "verified": info["verified"], "keyid": info["keyid"],
                "table": info["source"], "generated": table.generated, "serial": table.serial,
                "expires": table.expires}
         if not row:
-            out["explanation"] = explain_empty(table, sel, rejected, args.level)
-            out["rejected"] = [{"id": r.id, "status": r.status, "why": why_not(r, args.level)} for r in rejected]
+            out["explanation"] = explain_empty(table, sel, rejected, args.level, sm)
+            out["rejected"] = [{"id": r.id, "status": r.status, "why": why_not(r, args.level, sm)} for r in rejected]
         print(json.dumps(out, indent=2, sort_keys=True))
         return 0 if row else 1
     if not row:
-        for line in explain_empty(table, sel, rejected, args.level):
+        for line in explain_empty(table, sel, rejected, args.level, sm):
             print(line, file=sys.stderr)
         return 1
     print(row.pinned)

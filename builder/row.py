@@ -57,6 +57,10 @@ def parse_utc(s: str) -> int:
     return days * 86400 + h * 3600 + mi * 60 + sec
 
 
+def _dict(v: object) -> dict:
+    return v if v.__class__ is dict else {}
+
+
 def _opt_str(v: object) -> str | None:
     return None if v is None else str(v)
 
@@ -205,6 +209,11 @@ class Row:
     lock_hash: str | None = None
     base: dict | None = None
     history: list[HistoryEntry] = field(default_factory=list)  # newest first
+    # Read from the image by the probe (newest verdict of the row's image): package versions
+    # (transformers, flash-attn, ray, NCCL, cuDNN, glibc, ...) and what the host must provide:
+    # gpu_arch {supports: [sm_XY], lacking: {sm_XY: [package]}}, min_shm_bytes, min_driver.
+    versions: dict = field(default_factory=dict)
+    hardware: dict = field(default_factory=dict)
 
     def level(self, name: str) -> Entry:
         return self.levels.get(name) or Entry()
@@ -221,7 +230,8 @@ class Row:
                 "build": self.build.to_dict(), "levels": {k: v.to_dict() for k, v in self.levels.items()},
                 "best_level": self.best_level, "status": self.status,
                 "failure": self.failure.to_dict() if self.failure else None,
-                "lock_hash": self.lock_hash, "base": self.base, "history": [h.to_dict() for h in self.history]}
+                "lock_hash": self.lock_hash, "base": self.base, "history": [h.to_dict() for h in self.history],
+                "versions": self.versions, "hardware": self.hardware}
 
     @classmethod
     def from_dict(cls, d: object, where: str = "table", i: int = 0) -> "Row":
@@ -238,7 +248,8 @@ class Row:
             {k: Entry.from_dict(lv.get(k)) for k in LEVELS}, best if best in LEVELS else None,
             str(get("status")), Failure.from_dict(get("failure")), _opt_str(get("lock_hash")),
             base if base.__class__ is dict else None,
-            [HistoryEntry.from_dict(h) for h in hist] if hist.__class__ is list else [])
+            [HistoryEntry.from_dict(h) for h in hist] if hist.__class__ is list else [],
+            _dict(get("versions")), _dict(get("hardware")))
 
 
 class LazyRows(Sequence):

@@ -103,8 +103,9 @@ def narrow(want: str | None, declared: list[str]) -> list[str]:
     return hits or [want]
 
 
-def add_selector_args(p) -> None:
-    p.add_argument("--matrix", default=None, help="matrix YAML (default: the bundled matrix/verl.yaml)")
+def add_selector_args(p, *, matrix: bool = True) -> None:
+    if matrix:  # commands that read a table instead (pick) select without one
+        p.add_argument("--matrix", default=None, help="matrix YAML (default: the bundled matrix/verl.yaml)")
     p.add_argument("--cuda", help="CUDA variant: cu126 or 12.6")
     p.add_argument("--python", help="Python version, e.g. 3.11")
     p.add_argument("--torch", help="torch version or prefix (overrides the pin the engine implies)")
@@ -147,3 +148,11 @@ def selectors_from_args(args) -> Selectors:
     return Selectors(cuda=cuda, python=python, torch=_version("--torch", g("torch")), engine=engine,
                      engine_version=_version(f"--{engine}", ev) if ev else None,
                      verl=_version("--verl", g("verl")))
+
+
+def from_flags(**flags) -> Selectors:
+    """Selectors from flag values by name (cuda=, vllm=, sglang=, hf=, engine=, torch=, verl=, python=),
+    validated as on the command line."""
+    from types import SimpleNamespace
+
+    return selectors_from_args(SimpleNamespace(**flags))

@@ -31,6 +31,7 @@ import shutil
 import time
 from pathlib import Path
 
+from . import drivers
 from .errors import InputError
 from .fsutil import safe_name, write_atomic
 from .row import (SCHEMA, TABLE_PAYLOAD_TYPE, Combo, Entry, Failure, HistoryEntry, Image, Row, Table,  # noqa: F401 (re-exported)
@@ -265,6 +266,8 @@ def fold_combo(records: list) -> Row:
         image = Image(img.get("ref"), f"sha256:{pinned[1]}" if pinned else None,
                       img.get("digest") if pinned else None, img.get("size"))
 
+    versions, hardware = _read_from_image(recs, row_key, id_to_digest)
+    hardware = {**hardware, "min_driver": drivers.min_driver(combo.get("cuda"))} if combo.get("cuda") else hardware
     levels = {}
     for level in LEVELS:
         slot = per_image.get(row_key, {}).get(level, {})
@@ -272,7 +275,30 @@ def fold_combo(records: list) -> Row:
     status, best = _row_status(levels, build, pinned, image is not None)
     return Row(id=cid, combo=Combo.from_dict(combo), image=image, build=build, levels=levels,
                best_level=best, status=status, failure=_failure(status, levels, build),
-               lock_hash=recs[-1].lock_hash, base=recs[-1].base, history=list(reversed(history)))
+               lock_hash=recs[-1].lock_hash, base=recs[-1].base, history=list(reversed(history)),
+               versions=versions, hardware=hardware)
+
+
+def _read_from_image(recs, row_key, id_to_digest) -> tuple[dict, dict]:
+    """The newest versions and hardware facts the probe read from the row's image."""
+    versions: dict = {}
+    hardware: dict = {}
+    for r in recs:  # oldest first: newer verdicts overwrite
+        if _image_key(r.image, id_to_digest) != row_key:
+            continue
+        for v in (r.probe or {}).values():
+            if not isinstance(v, dict):
+                continue
+            if isinstance(v.get("versions"), dict) and v["versions"]:
+                versions = {k: x for k, x in v["versions"].items() if isinstance(x, (str, int, float, bool)) or x is None}
+            hw = v.get("hardware")
+            if isinstance(hw, dict) and hw:
+                arch = hw.get("gpu_arch") if isinstance(hw.get("gpu_arch"), dict) else {}
+                # the row keeps the verdict (which GPUs, which package limits them), not the per-file lists
+                hardware = {"gpu_arch": {"supports": list(arch.get("supports") or []),
+                                         "lacking": dict(arch.get("lacking") or {})},
+                            "min_shm_bytes": hw.get("min_shm_bytes")}
+    return versions, hardware
 
 
 def fold(records) -> list[Row]:

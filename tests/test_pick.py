@@ -5,7 +5,9 @@ import json
 import pytest
 from table_fixtures import combo, image, passed, rec, verdict, write_all
 
-from envbuild.pick import explain_empty, matches, norm_cuda, pick, version_matches
+from envbuild.pick import explain_empty, matches, pick
+from envbuild.selector import version_matches
+from envbuild.vocab import parse_cuda
 from envbuild.row import Row
 from envbuild.sign import write_keypair
 from envbuild.table import build_table, fold, publish
@@ -102,8 +104,27 @@ def test_long_explanations_are_capped():
     assert row is None and len(rejected) == 40 and len(lines) == 27 and "15 more" in lines[-1]
 
 
+def test_gpu_coverage_read_by_the_probe_decides_and_unknown_is_not_yes():
+    from envbuild.probe.fatbin import parse_sm
+
+    probe = passed("env", "contract")
+    probe["env"]["hardware"] = {"gpu_arch": {"packages": {}, "supports": ["sm_80", "sm_90"],
+                                             "lacking": {"sm_100": ["flash_attn"]}}, "min_shm_bytes": 1 << 30}
+    probe["env"]["versions"] = {"transformers": "4.51.3", "flash-attn": "2.7.4"}
+    t = table_of([rec(V84_041, probe, img=image(V84_041), run=1),
+                  rec(V84_050, passed("env", "contract"), img=image(V84_050), run=2)])  # probed before coverage
+    row = next(r for r in t.rows if r.id == V84_041["id"])
+    assert row.versions["flash-attn"] == "2.7.4" and row.hardware["min_driver"] == "550.54.14"
+    got, _ = pick(t, {"vllm": "0.8.4"}, "contract", parse_sm("H200"))
+    assert got.id == V84_041["id"]  # the newer verl has no coverage facts: unknown is not yes
+    got, rejected = pick(t, {"vllm": "0.8.4"}, "contract", parse_sm("B200"))
+    text = "\n".join(explain_empty(t, {"vllm": "0.8.4"}, rejected, "contract", 100))
+    assert got is None and "no kernels for sm_100 in flash_attn" in text and "coverage is unknown" in text
+    assert pick(t, {"vllm": "0.8.4"})[0].id == V84_050["id"]  # no --gpu: as before
+
+
 def test_selectors():
-    assert norm_cuda("cu124") == norm_cuda("12.4") == norm_cuda("12.4.1") == "124"
+    assert parse_cuda("cu124") == parse_cuda("12.4") == parse_cuda("12.4.1") == "cu124"
     assert version_matches("0.8", "0.8.4") and version_matches("0.8.4", "0.8.4")
     assert not version_matches("0.8.4", "0.8.40") and not version_matches("0.8", "0.80.1")
     row = Row.from_dict({"id": "x", "combo": combo(engine="sglang", ev="0.4.6", cuda="12.6", torch="2.7.0")})
