@@ -348,10 +348,19 @@ function showDetails(rows) {
       }
     }
     const when = newest(r);
+    const hw = r.hardware || {};
+    const arch = hw.gpu_arch || {};
+    const lacking = Object.entries(arch.lacking || {}).filter(([sm]) => Number(sm.slice(3)) >= 80)
+      .map(([sm, pkgs]) => sm + " (" + pkgs.slice(0, 3).join(", ") + ")");
+    const gpus = arch.supports ? arch.supports.join(", ") + (lacking.length ? "; not " + lacking.join("; ") : "")
+                               : "not read (probed before envbuild read GPU architectures)";
     d.appendChild(facts([
       ["torch", c.torch], ["CUDA", cu || c.cuda], ["Python", c.python],
       ["NVIDIA driver", drv ? "≥ " + drv + " (Linux, for CUDA " + cu + ")" : "unknown for CUDA " + c.cuda, {"class": "driver"}],
       ["other versions", other.join(" · "), {"class": "versions"}],
+      ["kernels for", gpus, {"class": "gpu-arch"}],
+      ["host /dev/shm", hw.min_shm_bytes ? "≥ " + Math.round(hw.min_shm_bytes / 1048576) + " MiB (docker run --shm-size)" : "",
+       {"class": "shm"}],
       ["verdict", when ? when + " (" + ago(when) + ")" : "", {"class": "age"}],
     ]));
     if (drv && floor) d.appendChild(el("div", {"class": "note"}, DATA.drivers.note.replace("{floor}", floor)));
