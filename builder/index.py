@@ -443,7 +443,6 @@ class Metadata:
 
     def versions(self, name: str) -> list[str]:
         from packaging.utils import parse_wheel_filename, parse_sdist_filename
-        from packaging.version import Version
 
         vs = set()
         for f in self.files(name):
