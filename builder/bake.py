@@ -39,7 +39,8 @@ def _hash_ctx(ctx: Path, srcs: list[str]) -> str:
 
 def stage_sources(model: ImageModel, stage: str) -> list[str]:
     """The context files a stage reads (COPY or bind mount), from the model."""
-    srcs = ["envbuild/secrets-env.sh", "locks/tools.txt"] if stage == "torch" else []
+    srcs = ["envbuild/etc", "envbuild/secrets-env.sh", "locks/tools.txt"] if stage == "torch" else \
+        ["envbuild/secrets-env.sh"]
     srcs += [l.lock_file for l in model.stage_layers(stage)]
     if any(model.constrains_builds(l) for l in model.stage_layers(stage)):
         srcs.append(BUILD_CONSTRAINTS)
@@ -86,7 +87,7 @@ def bake_file(rendered: list[dict], repo_default: str, cache_default: str) -> di
             if parent_target:
                 t["contexts"] = {f"envbuild-{parent_target[0]}": f"target:{parent_target[1]}"}
             if name == "final":
-                content, readable = image.image_refs("${ENVBUILD_REPO}", model.combo.tag, r["content_hash"])
+                content, readable = image.image_refs("${ENVBUILD_REPOSITORY}", model.combo.tag, r["content_hash"])
                 t["tags"] = [content, readable]
                 # created is the build's time, not the bake file's: buildx sets it on the image config.
                 t["labels"] = {k: v for k, v in image.build_labels(
@@ -97,7 +98,7 @@ def bake_file(rendered: list[dict], repo_default: str, cache_default: str) -> di
             elif tname not in targets:  # shared: the first combination's context provides it
                 targets[tname] = t
             parent_target, parent_key = (name, tname), key
-    return {"variable": {"ENVBUILD_REPO": {"default": repo_default},
+    return {"variable": {"ENVBUILD_REPOSITORY": {"default": repo_default},
                          "ENVBUILD_CACHE": {"default": cache_default}},
             "group": {"default": {"targets": group}},
             "target": dict(sorted(targets.items()))}

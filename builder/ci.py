@@ -87,12 +87,25 @@ else
   echo "No earlier results at ${TABLE_URL} (first run): the table holds tonight's results only." >> "$GITHUB_STEP_SUMMARY"
 fi
 """
+REGISTRY_HOST = """set -euo pipefail
+repo="${ENVBUILD_REPOSITORY:-ghcr.io/${GITHUB_REPOSITORY,,}}"
+echo "host=${repo%%/*}" >> "$GITHUB_OUTPUT"
+"""
 PUBLISH = """set -euo pipefail
 umask 077
 key="$RUNNER_TEMP/envbuild.key"
+trap 'rm -f "$key"' EXIT
 printf '%s\\n' "$ENVBUILD_SIGNING_KEY" > "$key"
 envbuild publish --results results --key "$key" --out table
-rm -f "$key"
+"""
+# Tonight's images only (earlier ones carry theirs already, and their build contexts are gone):
+# the verdict, SBOM and provenance, signed, attached to each pushed digest (envbuild attach).
+ATTACH = """set -euo pipefail
+umask 077
+key="$RUNNER_TEMP/envbuild.key"
+trap 'rm -f "$key"' EXIT
+printf '%s\\n' "$ENVBUILD_SIGNING_KEY" > "$key"
+envbuild attach --results tonight --key "$key"
 """
 # The key the last table must verify with: the configured one, else the public half of the
 # signing key (a table signed by any other key is not ours).
@@ -162,7 +175,7 @@ def workflow(m, matrix_arg: str, gpu_labels: list[str], build_runner: str) -> di
     mx = f" --matrix {matrix_arg}" if matrix_arg else ""
     verls = ["all"] + list(m.verl)
     cudas = ["all"] + list(m.cuda)
-    repo_env = {"ENVBUILD_REPO": "${{ vars.ENVBUILD_REPO }}"}
+    repo_env = {"ENVBUILD_REPOSITORY": "${{ vars.ENVBUILD_REPOSITORY }}"}
     table_url = ("${{ vars.ENVBUILD_TABLE_URL || format('https://{0}.github.io/{1}/', "
                  "github.repository_owner, github.event.repository.name) }}")
 
@@ -189,7 +202,7 @@ if [ -n "${{ENVBUILD_PYTORCH_INDEX:-}}" ]; then export "ENVBUILD_TORCH_INDEX_URL
 # Lock + render, then bake: the shared layers (base+torch, +engine) come from the registry cache
 # that other jobs fill, so each job builds only what is new; --load hands the image to envbuild.
 if envbuild render{mx} "${{sel[@]}}" --base nvidia --out rendered --locks locks \\
-   && envbuild ci bake{mx} "${{sel[@]}}" --rendered rendered --repo "$ENVBUILD_REPO" --cache "$ENVBUILD_CACHE" --out docker-bake.json \\
+   && envbuild ci bake{mx} "${{sel[@]}}" --rendered rendered --repository "$ENVBUILD_REPOSITORY" --cache "$ENVBUILD_CACHE" --out docker-bake.json \\
    && docker buildx bake -f docker-bake.json --load; then
   echo "baked $ID"
 else
@@ -197,7 +210,7 @@ else
 fi
 # envbuild finds the content tag locally (no rebuild), pushes it and records the digest; a stack
 # that cannot be locked or built is recorded as a failure (exit 1: data for the table, not a red job).
-envbuild build{mx} "${{sel[@]}}" --base nvidia --registry "$ENVBUILD_REPO" --push --probe none --results results || [ "$?" = 1 ]
+envbuild build{mx} "${{sel[@]}}" --base nvidia --repository "$ENVBUILD_REPOSITORY" --push --probe none --results results || [ "$?" = 1 ]
 """
     probe_script = f"""set -euo pipefail
 read -ra sel <<< "$SEL"
@@ -206,11 +219,13 @@ read -ra sel <<< "$SEL"
 # Exit 1 is a failing verdict: data for the table (the notify job judges regressions).
 envbuild ci probe{mx} "${{sel[@]}}" --results results --levels contract,gpu || [ "$?" = 1 ]
 """
-    # GHCR by default: the job's own token with `packages: write` (no stored password needed).
-    login = {"name": "Log in to the registry", "uses": ACTIONS["login"],
-             "with": {"registry": "${{ vars.ENVBUILD_REGISTRY || 'ghcr.io' }}",
+    # The registry is the host part of the one repository name; GHCR by default, with the job's
+    # own token and `packages: write` (no stored password needed).
+    login = [{"id": "registry", "name": "The registry of ENVBUILD_REPOSITORY", "run": REGISTRY_HOST},
+             {"name": "Log in to the registry", "uses": ACTIONS["login"],
+              "with": {"registry": "${{ steps.registry.outputs.host }}",
                       "username": "${{ secrets.ENVBUILD_REGISTRY_USER || github.actor }}",
-                      "password": "${{ secrets.ENVBUILD_REGISTRY_PASSWORD || github.token }}"}}
+                      "password": "${{ secrets.ENVBUILD_REGISTRY_PASSWORD || github.token }}"}}]
     matrix_strategy = {"fail-fast": False, "max-parallel": 20,
                        "matrix": "${{ fromJson(needs.plan.outputs.matrix) }}"}
     site_env = {"TABLE_URL": table_url}
@@ -254,7 +269,7 @@ envbuild ci probe{mx} "${{sel[@]}}" --results results --levels contract,gpu || [
                 "strategy": matrix_strategy,
                 # The bake file's secrets read these (empty: the runner's defaults); an index URL
                 # may carry credentials, so it comes from secrets, and never lands in a layer.
-                "env": {**repo_env, "ENVBUILD_CACHE": "${{ vars.ENVBUILD_REPO }}-buildcache",
+                "env": {**repo_env, "ENVBUILD_CACHE": "${{ vars.ENVBUILD_REPOSITORY }}-buildcache",
                         "ENVBUILD_INDEX_URL": "${{ secrets.ENVBUILD_INDEX_URL }}",
                         "ENVBUILD_PYTORCH_INDEX": "${{ secrets.ENVBUILD_PYTORCH_INDEX }}",
                         "ENVBUILD_CA_BUNDLE": "${{ secrets.ENVBUILD_CA_BUNDLE }}"},
@@ -262,7 +277,7 @@ envbuild ci probe{mx} "${{sel[@]}}" --results results --levels contract,gpu || [
                     # A GitHub-hosted runner has ~14 GB free, an image ~8 GB plus its layers:
                     # free the toolchains it does not need (or name a larger runner: --build-runner).
                     {"name": "Free disk space", "if": "runner.environment == 'github-hosted'", "run": FREE_DISK},
-                    {"uses": ACTIONS["buildx"]}, login,
+                    {"uses": ACTIONS["buildx"]}, *login,
                     {"name": "Build and push", "run": build_script, "env": row_env},
                     {"if": "always()", "uses": ACTIONS["upload"],
                      "with": {"name": "results-build-${{ matrix.id }}", "path": "results/",
@@ -279,7 +294,7 @@ envbuild ci probe{mx} "${{sel[@]}}" --results results --levels contract,gpu || [
                 "strategy": matrix_strategy,
                 "env": repo_env,
                 "steps": _setup_steps() + [
-                    login,
+                    *login,
                     {"name": "The build's record", "uses": ACTIONS["download"],
                      "with": {"name": "results-build-${{ matrix.id }}", "path": "results"}},
                     {"name": "Probe (contract, gpu)", "run": probe_script, "env": row_env},
@@ -292,13 +307,19 @@ envbuild ci probe{mx} "${{sel[@]}}" --results results --levels contract,gpu || [
                 "needs": ["plan", "build", "probe"],
                 "if": "always() && needs.plan.outputs.count != '0'",
                 "runs-on": build_runner,
-                "permissions": {"contents": "read"},
-                "env": site_env,
+                # packages: write: the signed attestations go onto each image digest (envbuild attach)
+                "permissions": {"contents": "read", "packages": "write"},
+                "env": {**site_env, **repo_env},
                 "steps": _setup_steps() + [
+                    *login,
                     {"id": "earlier", "name": "Earlier results (from the published site)", "run": FETCH_RESULTS},
                     {"name": "Tonight's results", "uses": ACTIONS["download"],
                      "with": {"pattern": "results-*", "path": "results", "merge-multiple": True}},
+                    {"name": "Tonight's results, apart", "uses": ACTIONS["download"],
+                     "with": {"pattern": "results-*", "path": "tonight", "merge-multiple": True}},
                     {"id": "sign", "name": "Sign the table", "run": PUBLISH,
+                     "env": {"ENVBUILD_SIGNING_KEY": "${{ secrets.ENVBUILD_SIGNING_KEY }}"}},
+                    {"id": "attach", "name": "Attach signed attestations to tonight's images", "run": ATTACH,
                      "env": {"ENVBUILD_SIGNING_KEY": "${{ secrets.ENVBUILD_SIGNING_KEY }}"}},
                     {"id": "last", "name": "The last published table (verified)", "run": FETCH_LAST,
                      "env": {"ENVBUILD_PUBKEY": "${{ vars.ENVBUILD_PUBKEY }}"}},

@@ -90,10 +90,18 @@ def test_workflow_shape_and_runner_labels(run_cli, tmp_path):
     assert wf["permissions"] == {} and wf["concurrency"]["group"]
     perms = {j: jobs[j]["permissions"] for j in jobs}
     assert perms == {"plan": {"contents": "read"}, "build": {"contents": "read", "packages": "write"},
-                     "probe": {"contents": "read", "packages": "read"}, "publish": {"contents": "read"},
+                     "probe": {"contents": "read", "packages": "read"},
+                     "publish": {"contents": "read", "packages": "write"},  # attestations onto the digests
                      "deploy": {"pages": "write", "id-token": "write"},
                      "notify": {"contents": "read", "issues": "write"}}
     assert any(s.get("uses", "").startswith("actions/deploy-pages@") for s in jobs["deploy"]["steps"])
+    pub = {s.get("id"): s for s in jobs["publish"]["steps"]}
+    ids = [s.get("id") for s in jobs["publish"]["steps"] if s.get("id")]
+    assert ids.index("attach") == ids.index("sign") + 1  # signed attestations for tonight's images only
+    assert "envbuild attach --results tonight" in pub["attach"]["run"]
+    login = next(s for s in jobs["publish"]["steps"] if s.get("uses", "").startswith("docker/login-action@"))
+    assert login["with"]["registry"] == "${{ steps.registry.outputs.host }}"
+    assert 'echo "host=${repo%%/*}"' in pub["registry"]["run"]  # the host of the one repository name
     assert jobs["deploy"]["environment"]["name"] == "github-pages"
     free = next(s for s in jobs["build"]["steps"] if s.get("name") == "Free disk space")
     assert free["if"] == "runner.environment == 'github-hosted'" and "df -h /" in free["run"]
@@ -214,7 +222,7 @@ def baked(tmp_path_factory):
     d = tmp_path_factory.mktemp("bake")
     p = subprocess.run(["python", "-m", "envbuild", "ci", "bake", "--verl", "0.4.1", "--cuda", "cu124",
                         "--rendered", "rendered", "--locks", "locks", "--out", "docker-bake.json",
-                        "--repo", "127.0.0.1:5000/envbuild/verl"], cwd=d, capture_output=True, text=True, timeout=1200)
+                        "--repository", "127.0.0.1:5000/envbuild/verl"], cwd=d, capture_output=True, text=True, timeout=1200)
     assert p.returncode == 0, p.stderr
     return d, json.loads((d / "docker-bake.json").read_text()), p.stdout
 
@@ -295,9 +303,9 @@ def test_bake_chain_builds_exactly_the_rendered_dockerfile(baked):
         info = json.loads((ctx.parent / f"{ctx.name}.json").read_text())
         assert info["content_hash"] == context_hash(ctx)
         content_tag = sanitize_tag(info["combo"]["tag"] + "-" + info["content_hash"][:12])
-        assert chain[0]["tags"][0] == "${ENVBUILD_REPO}:" + content_tag
+        assert chain[0]["tags"][0] == "${ENVBUILD_REPOSITORY}:" + content_tag
         assert chain[0]["labels"]["org.envbuild.content-hash"] == info["content_hash"]
-    assert doc["variable"]["ENVBUILD_REPO"]["default"] == "127.0.0.1:5000/envbuild/verl"
+    assert doc["variable"]["ENVBUILD_REPOSITORY"]["default"] == "127.0.0.1:5000/envbuild/verl"
 
 
 @pytest.mark.network
