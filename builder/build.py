@@ -26,7 +26,7 @@ from .errors import EnvbuildError, InfraError, InputError, exit_of_records
 from .base import BaseRef, bootstrap, resolve_base
 from .docker import detect, secret_files
 from .image import REPOSITORY_ENV, add_repository_arg, build_labels, image_refs, repository_from_args
-from .index import PYTORCH_INDEX_ENV, Metadata, default_index_url, pytorch_index_url
+from .index import Metadata, default_index_url, pytorch_index_url, pytorch_root
 from .lock import Locker
 from .matrix import add_selector_args, matrix_from_args, plan_from_args
 from .record import Record, write_record
@@ -221,7 +221,7 @@ class Options:
     timeout: float = DEFAULT_TIMEOUT
     ca_bundle: str | None = None
     index_url: str | None = None
-    torch_index_root: str | None = None
+    torch_index_root: str | None = None  # the PyTorch index in force (index.pytorch_root): the build's secret
     rebuild: bool = False
     no_cache: bool = False
     compression: str = "gzip"  # of pushed layers: gzip | zstd (envbuild.docker.pusher_for)
@@ -523,7 +523,7 @@ def add_arguments(p) -> None:
                    help="layers pushed as gzip (default, every client) or zstd (OCI media types; needs skopeo)")
 
 
-def options_from_args(args, default_repo: str) -> Options:
+def options_from_args(args, default_repo: str, matrix_pytorch_index: str | None = None) -> Options:
     if args.jobs < 1:
         raise InputError("command line", None, "--jobs", args.jobs, "must be at least 1")
     if args.timeout <= 0:
@@ -538,7 +538,7 @@ def options_from_args(args, default_repo: str) -> Options:
     return Options(results=Path(args.results).resolve(), repo=repo, in_registry=in_registry, push=args.push,
                    base=args.base, suite=args.suite, probe=args.probe, jobs=args.jobs, timeout=args.timeout,
                    ca_bundle=ca, index_url=default_index_url(),
-                   torch_index_root=os.environ.get(PYTORCH_INDEX_ENV) or None, rebuild=args.rebuild,
+                   torch_index_root=pytorch_root(matrix_pytorch_index), rebuild=args.rebuild,
                    no_cache=args.no_cache, compression=args.compression)
 
 
@@ -554,7 +554,7 @@ def run(args) -> int:
     meta = Metadata()
     m = matrix_from_args(args)
     pl = plan_from_args(args, meta)
-    opts = options_from_args(args, m.repository)
+    opts = options_from_args(args, m.repository, m.pytorch_index)
     opts.probe = _probe_level(opts.probe)
     engine = detect()
     if opts.push:

@@ -385,6 +385,25 @@ def test_options_validation(tmp_path, monkeypatch, capsys):
     assert "$ENVBUILD_REPO is deprecated" in capsys.readouterr().err
 
 
+def test_the_build_gets_the_pytorch_index_the_lock_used(tmp_path, monkeypatch):
+    import argparse
+
+    p = argparse.ArgumentParser()
+    B.add_arguments(p)
+    monkeypatch.delenv("ENVBUILD_PYTORCH_INDEX", raising=False)
+    o = B.options_from_args(p.parse_args([]), "envbuild/verl")
+    assert o.torch_index_root == "https://download.pytorch.org/whl"  # the public index by default
+    assert B.options_from_args(p.parse_args([]), "envbuild/verl", "https://mirror.example/whl").torch_index_root \
+        == "https://mirror.example/whl"
+    monkeypatch.setenv("ENVBUILD_PYTORCH_INDEX", "https://env.example/whl/")
+    o = B.options_from_args(p.parse_args([]), "envbuild/verl", "https://mirror.example/whl")
+    assert o.torch_index_root == "https://env.example/whl"
+    b = B.Builder(o, FakeEngine(), lock_fn=None, render_fn=None, base_fn=None)
+    lr = SimpleNamespace(torch_index="https://env.example/whl/cu126", combo=SimpleNamespace(cuda="cu126"))
+    assert b._secret_values(lr)["torch-index-url"] == "https://env.example/whl/cu126"
+    assert "torch-index-url" not in b._secret_values(SimpleNamespace(torch_index="default", combo=lr.combo))
+
+
 def test_ca_bundle_default_follows_pip_then_ssl_env(tmp_path, monkeypatch):
     a, c = tmp_path / "a.pem", tmp_path / "c.pem"
     a.write_text("x"), c.write_text("y")
