@@ -9,5 +9,8 @@ if [ -s /run/secrets/index-url ]; then
   export UV_DEFAULT_INDEX PIP_INDEX_URL
 fi
 if [ -s /run/secrets/torch-index-url ]; then
-  UV_INDEX=$(cat /run/secrets/torch-index-url); export UV_INDEX
+  # The PyTorch index also serves nvidia-*, numpy and others: pick each pin from whichever index
+  # has it (the lock resolved the same way; the hashes decide which file is right).
+  UV_INDEX=$(cat /run/secrets/torch-index-url); UV_INDEX_STRATEGY=unsafe-best-match
+  export UV_INDEX UV_INDEX_STRATEGY
 fi
