@@ -29,12 +29,14 @@ from .paths import templates_dir
 __all__ = ["Base", "Rendered", "render_combo", "render_dockerfile", "render_stages", "context_hash", "base_for"]
 
 PROBE_DIR = "envbuild_probe"
-BUILD_CONSTRAINTS = "locks/build-constraints.txt"  # the probe's package name inside images
+BUILD_CONSTRAINTS = "locks/build-constraints.txt"
+# /etc files the builder mounts its own over during RUN (present, so no step makes a stub)
+ETC_STUBS = ("hostname", "hosts", "resolv.conf")  # the probe's package name inside images
 SECRETS = ("ca-bundle", "index-url", "torch-index-url")
 # One time for every file envbuild writes into a context or an install step writes into a
 # layer (2000-01-01, later than zip's 1980 floor): equal content gives equal layer bytes.
 EPOCH = 946684800
-NORMALIZE = (f"find /opt /root /run/secrets /tmp -xdev -newermt @{EPOCH} -exec touch -h -d @{EPOCH} {{}} + "
+NORMALIZE = (f"find /opt /root /run /tmp -xdev -newermt @{EPOCH} -exec touch -h -d @{EPOCH} {{}} + "
              "2>/dev/null || true")
 
 
@@ -64,7 +66,7 @@ def render_stages(model: ImageModel, stages=STAGES, from_ref: str | None = None,
     lab = image.render_labels(model.combo, model.base, model.era, model.lock_hash, model.torch_index)
     return _env().get_template("Dockerfile.j2").render(
         combo=model.combo, model=model, stages=tuple(stages), from_ref=from_ref or model.base.pinned,
-        header=header, labels=lab, normalize=NORMALIZE).lstrip("\n")
+        header=header, labels=lab, normalize=NORMALIZE, epoch=EPOCH).lstrip("\n")
 
 
 def render_dockerfile(combo: Combo, lock: LockResult, base: Base) -> str:
@@ -84,6 +86,7 @@ def context_files(model: ImageModel, dockerfile: str) -> dict[str, bytes]:
     files: dict[str, bytes] = {"Dockerfile": dockerfile.encode(),
                                "envbuild/secrets-env.sh": (templates_dir() / "secrets-env.sh").read_bytes(),
                                "envbuild/check-env.py": (templates_dir() / "check-env.py").read_bytes(),
+                               **{f"envbuild/etc/{n}": b"" for n in ETC_STUBS},
                                "locks/tools.txt": model.tools.encode(),
                                "locks/expected.txt": expected_text(model).encode()}
     for layer in model.layers:
