@@ -8,11 +8,19 @@ Prints a table and writes JSON (bench/build_speed.json by default):
   - a second combination sharing torch, built after the first (goal: <= 0.05x a cold build)
     and the bytes each first image shares with it
   - a no-op rebuild of the already-built combinations (goal: <= 2 s per combination)
+  - push to the local registry: the naive image and envbuild's with gzip (`docker push`), and
+    envbuild's with zstd (OCI media types) where a zstd pusher exists (the tool is recorded;
+    otherwise the reason)
+  - torch-pair: two torch releases of one CUDA variant (hf, default 2.5.1 and 2.6.0 on cu124),
+    the second built with --no-cache so equal layers come from equal bytes, not from the cache:
+    which layers (CUDA libraries) have the same digest, and the bytes they share
 
-Needs a Docker engine and the package index (ci/services.sh); takes ~15 min and ~20 GB of disk,
-and removes the images it built afterwards (--keep keeps them).
+Needs a Docker engine and the package index (ci/services.sh); takes ~30 min and ~30 GB of disk,
+and removes the images it built afterwards (--keep keeps them); pushed repositories are named
+envbuild-bench/<run>-* in the registry.
 
   python bench/build_speed.py [--cuda cu124 --vllm 0.8.4 --verl 0.4.1] [--second hf]
+                              [--sections cold,push,torch-pair] [--registry 127.0.0.1:5000]
 """
 
 from __future__ import annotations
@@ -103,7 +111,12 @@ def main(argv=None) -> int:
     ap.add_argument("--second", default="hf", help="hf, or a vLLM version sharing the torch of the first")
     ap.add_argument("--out", default=str(HERE / "build_speed.json"))
     ap.add_argument("--keep", action="store_true", help="keep the images built and the build cache")
+    ap.add_argument("--sections", default="cold,push,torch-pair",
+                    help="comma-separated: cold (naive vs envbuild, second, no-op), push, torch-pair")
+    ap.add_argument("--registry", default="127.0.0.1:5000", help="registry for the push section")
+    ap.add_argument("--torch-pair", default="2.5.1,2.6.0", help="two torch releases of --cuda (hf, --verl)")
     args = ap.parse_args(argv)
+    sections = set(args.sections.split(","))
 
     from envbuild.base import bootstrap
     from envbuild.build import default_ca_bundle
@@ -118,13 +131,13 @@ def main(argv=None) -> int:
     meta = Metadata()
     m = load_matrix(default_matrix())
     sel_a = ["--cuda", args.cuda, "--vllm", args.vllm, "--verl", args.verl]
-    a = plan(m, Selectors(cuda=args.cuda, vllm=args.vllm, verl=args.verl), meta).combos[0]
+    a = plan(m, Selectors(cuda=args.cuda, engine="vllm", engine_version=args.vllm, verl=args.verl), meta).combos[0]
     if args.second == "hf":
         sel_b = ["--cuda", args.cuda, "--hf", "--torch", a.torch, "--verl", args.verl]
-        b = plan(m, Selectors(cuda=args.cuda, hf=True, torch=a.torch, verl=args.verl), meta).combos[0]
+        b = plan(m, Selectors(cuda=args.cuda, engine="hf", torch=a.torch, verl=args.verl), meta).combos[0]
     else:
         sel_b = ["--cuda", args.cuda, "--vllm", args.second, "--verl", args.verl]
-        b = plan(m, Selectors(cuda=args.cuda, vllm=args.second, verl=args.verl), meta).combos[0]
+        b = plan(m, Selectors(cuda=args.cuda, engine="vllm", engine_version=args.second, verl=args.verl), meta).combos[0]
     assert b.torch == a.torch, f"the second combination must share torch {a.torch}, has {b.torch}"
 
     work = Path(tempfile.mkdtemp(prefix="envbuild-bench-"))
@@ -136,7 +149,29 @@ def main(argv=None) -> int:
     images: list[str] = []
     out: dict = {"combo": a.id, "second": b.id, "base": base, "engine": engine.describe(),
                  "cpus": os.cpu_count(), "goals": GOALS}
+    out["sections"] = sorted(sections)
     try:
+        if "torch-pair" in sections:
+            out["torch_pair"] = torch_pair(engine, m, meta, base, args, work, images, ca)
+        if "cold" in sections:
+            cold_section(engine, a, b, sel_a, sel_b, common, results, lock, base, work, images, ca, out)
+        if "push" in sections:
+            ref = out.get("envbuild", {}).get("ref") or out.get("torch_pair", {}).get("refs", [None])[-1]
+            out["push"] = push_section(engine, args.registry, ref, out.get("naive_ref"), images)
+    finally:
+        if not args.keep:
+            engine.remove(*images, force=True)
+            _prune_own_cache(engine)
+        out["work"] = str(work)
+    out["measured"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    print_table(out, a, b)
+    Path(args.out).write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+def cold_section(engine, a, b, sel_a, sel_b, common, results, lock, base, work, images, ca, out) -> None:
+    if True:
         # Cold: no image, no layer cache, no download cache for either side. (A layer cache left
         # by earlier builds would also hand the second combination layers other than the fresh
         # ones of the first, so it is emptied, not just bypassed.)
@@ -182,36 +217,154 @@ def main(argv=None) -> int:
             assert p.returncode == 0 and latest(results, c.id).image["reused"], p.stdout[-2000:]
             noop.append(round(s, 2))
         out["noop_seconds"] = noop
-    finally:
-        if not args.keep:
-            engine.remove(*images, force=True)
-            _prune_own_cache(engine)
-        out["work"] = str(work)
-
+        out["naive_ref"] = naive_ref
     n, e, s2 = out["naive"], out["envbuild"], out["second"]
     out["ratios"] = {"cold": round(e["seconds"] / n["seconds"], 3),
                      "second": round(s2["seconds"] / e["seconds"], 3),
                      "size": round(e["size"] / n["size"], 3)}
-    out["measured"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def torch_pair(engine, m, meta, base_ref, args, work, images, ca) -> dict:
+    """Two torch releases of one CUDA variant, hf: the CUDA-library layers they share, by digest.
+    Both are built with --no-cache, so an equal digest means equal bytes written by two fresh
+    installs, not a cache hit."""
+    import dataclasses
+
+    from envbuild.base import Base
+    from envbuild.index import default_index_url
+    from envbuild.lock import Locker
+    from envbuild.matrix import Selectors, plan
+    from envbuild.render import render_combo
+
+    t1, t2 = args.torch_pair.split(",")
+    c0 = plan(m, Selectors(cuda=args.cuda, engine="hf", verl=args.verl), meta).combos[0]
+    locker = Locker(m, meta)
+    res: dict = {"cuda": args.cuda, "torch": [t1, t2], "refs": [], "builds": []}
+    layers = []
+    # Both with --no-cache (no layer from the cache); the download cache stays warm: this
+    # section measures sharing, the cold section measures time.
+    for i, t in enumerate((t1, t2)):
+        c = dataclasses.replace(c0, torch=t)
+        lock = locker.lock(c, work / "pair-locks")
+        assert lock.ok, f"{c.id}: {lock.status} {lock.detail[:500]}"
+        r = render_combo(c, lock, Base("bootstrap", base_ref), work / "pair")
+        ref = f"envbuild-bench/pair:{c.tag}"
+        secrets = {"ca-bundle": ca} if ca else {}
+        idx = default_index_url()
+        with _secret_files({"index-url": idx} if idx else {}) as sf:
+            print(f"torch-pair: building {c.id} (--no-cache) ...", file=sys.stderr)
+            b = engine.build(r.context_dir, dockerfile=r.dockerfile, log_path=work / f"pair-{t}.log", tags=[ref],
+                             secrets={**secrets, **sf}, no_cache=True, timeout=3600)
+        assert b.ok, (work / f"pair-{t}.log").read_text()[-3000:]
+        images.append(ref)
+        res["refs"].append(ref)
+        res["builds"].append({"combo": c.id, "seconds": round(b.seconds, 1), "size": engine.image_size(ref),
+                              "layers": [l.name for l in r.model.layers]})
+        layers.append(list(zip(_layer_names(engine, ref, base_ref, r.model), layer_sizes(engine, ref))))
+    (la, lb) = layers
+    da = {d: (name, size) for name, (d, size) in la}
+    shared = [(name, size, d) for name, (d, size) in lb if d in da]
+    res["layers"] = {"first": [{"name": n, "diff_id": d, "bytes": s} for n, (d, s) in la],
+                     "second": [{"name": n, "diff_id": d, "bytes": s} for n, (d, s) in lb]}
+    res["shared"] = [{"name": n, "bytes": s, "diff_id": d} for n, s, d in shared]
+    res["shared_bytes"] = sum(s for _, s, _ in shared)
+    res["shared_cuda_bytes"] = sum(s for n, s, _ in shared if n.startswith("cuda-"))
+    res["second_bytes"] = sum(s for _, (_, s) in lb)
+    return res
+
+
+def _layer_names(engine, ref: str, base_ref: str, model) -> list[str]:
+    """A name per image layer: the base's, the setup steps, one per model layer, then the final
+    stage's (a step that writes nothing adds no layer)."""
+    n, base_n = len(engine.layers(ref)), len(engine.layers(base_ref))
+    named = ["base"] * base_n + ["secrets-env.sh", "setup"] + [l.name for l in model.layers]
+    return named + ["final"] * (n - len(named))
+
+
+def _secret_files(values):
+    from envbuild.docker import secret_files
+
+    return secret_files(values)
+
+
+def push_section(engine, registry: str, ref: str | None, naive_ref: str | None, images: list[str]) -> dict:
+    """Push to fresh repositories (no blob is already there): envbuild's image with gzip and with
+    zstd (the tool that ran is recorded, or why none could), and the naive image with gzip."""
+    from envbuild.errors import InfraError
+
+    out: dict = {"registry": registry}
+    run = hashlib.sha256(str(time.time()).encode()).hexdigest()[:8]
+    todo = [("envbuild_gzip", ref, "gzip"), ("envbuild_zstd", ref, "zstd"), ("naive_gzip", naive_ref, "gzip")]
+    for key, src, comp in todo:
+        if not src:
+            continue
+        dst = f"{registry}/envbuild-bench/{run}-{key.replace('_', '-')}:{src.rsplit(':', 1)[1]}"
+        engine.tag(src, dst)
+        images.append(dst)
+        t = time.monotonic()
+        try:
+            digest = engine.push(dst, compression=comp)
+        except InfraError as e:
+            out[key] = {"error": str(e)}
+            continue
+        out[key] = {"seconds": round(time.monotonic() - t, 1), "tool": engine.last_push_tool, "digest": digest,
+                    "pushed_bytes": _pushed_bytes(dst)}
+    return out
+
+
+def _pushed_bytes(ref: str) -> int | None:
+    """Sum of the layer sizes in the pushed manifest (compressed bytes in the registry)."""
+    import urllib.request
+
+    from envbuild.docker import MANIFEST_TYPES, registry_host, split_ref
+
+    repo, tag = split_ref(ref)
+    host = registry_host(repo)
+    req = urllib.request.Request(f"http://{host}/v2/{repo[len(host) + 1:]}/manifests/{tag}",
+                                 headers={"Accept": MANIFEST_TYPES})
+    try:
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=30) as r:
+            man = json.load(r)
+    except OSError:
+        return None
+    return sum(l.get("size", 0) for l in man.get("layers", []))
+
+
+def print_table(out: dict, a, b) -> None:
     gb = 1e9
-    rows = [
-        ("naive cold build (one RUN pip install)", f"{n['seconds']:.0f} s", f"{n['size'] / gb:.2f} GB", ""),
-        ("envbuild cold build", f"{e['seconds']:.0f} s", f"{e['size'] / gb:.2f} GB",
-         f"{out['ratios']['cold']:.2f}x naive (goal <= {GOALS['cold_ratio']})"),
-        (f"second combination ({b.engine_label or b.engine})", f"{s2['seconds']:.0f} s", f"{s2['size'] / gb:.2f} GB",
-         f"{out['ratios']['second']:.3f}x cold (goal <= {GOALS['second_ratio']})"),
-        ("bytes shared with the second: envbuild", "", f"{out['shared_bytes']['envbuild'] / gb:.2f} GB", ""),
-        ("bytes shared with the second: naive", "", f"{out['shared_bytes']['naive'] / gb:.2f} GB", "(base only)"),
-        ("no-op rebuild, per combination", " / ".join(f"{x:.1f} s" for x in noop), "",
-         f"goal <= {GOALS['noop_per_combo_s']} s"),
-    ]
-    w = max(len(r[0]) for r in rows)
+    rows = []
+    if "naive" in out:
+        n, e, s2, noop = out["naive"], out["envbuild"], out["second"], out["noop_seconds"]
+        rows += [
+            ("naive cold build (one RUN pip install)", f"{n['seconds']:.0f} s", f"{n['size'] / gb:.2f} GB", ""),
+            ("envbuild cold build", f"{e['seconds']:.0f} s", f"{e['size'] / gb:.2f} GB",
+             f"{out['ratios']['cold']:.2f}x naive (goal <= {GOALS['cold_ratio']})"),
+            (f"second combination ({b.engine_label or b.engine})", f"{s2['seconds']:.0f} s",
+             f"{s2['size'] / gb:.2f} GB", f"{out['ratios']['second']:.3f}x cold (goal <= {GOALS['second_ratio']})"),
+            ("bytes shared with the second: envbuild", "", f"{out['shared_bytes']['envbuild'] / gb:.2f} GB", ""),
+            ("bytes shared with the second: naive", "", f"{out['shared_bytes']['naive'] / gb:.2f} GB", "(base only)"),
+            ("no-op rebuild, per combination", " / ".join(f"{x:.1f} s" for x in noop), "",
+             f"goal <= {GOALS['noop_per_combo_s']} s"),
+        ]
+    for key, label in (("envbuild_gzip", "push envbuild image, gzip"), ("envbuild_zstd", "push envbuild image, zstd"),
+                       ("naive_gzip", "push naive image, gzip")):
+        r = out.get("push", {}).get(key)
+        if r and "error" in r:
+            rows.append((label, "-", "", r["error"][:100]))
+        elif r:
+            rows.append((label, f"{r['seconds']:.0f} s", f"{(r['pushed_bytes'] or 0) / gb:.2f} GB", f"via {r['tool']}"))
+    tp = out.get("torch_pair")
+    if tp:
+        for bld in tp["builds"]:
+            rows.append((f"torch-pair build {bld['combo']}", f"{bld['seconds']:.0f} s", f"{bld['size'] / gb:.2f} GB", ""))
+        rows.append((f"torch {' vs '.join(tp['torch'])}: equal-digest layers", "",
+                     f"{tp['shared_bytes'] / gb:.2f} GB",
+                     f"CUDA libraries {tp['shared_cuda_bytes'] / gb:.2f} GB; "
+                     + ", ".join(x["name"] for x in tp["shared"] if x["name"] != "base")))
+    w = max(len(r[0]) for r in rows) if rows else 0
     print(f"{'':<{w}}  {'time':>12}  {'size':>9}  note")
     for r in rows:
         print(f"{r[0]:<{w}}  {r[1]:>12}  {r[2]:>9}  {r[3]}")
-    Path(args.out).write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
-    print(f"wrote {args.out}", file=sys.stderr)
-    return 0
 
 
 def _cold(engine) -> None:
