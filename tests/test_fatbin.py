@@ -73,3 +73,17 @@ def test_files_without_kernels_are_empty(tmp_path):
     assert read_coverage(tmp_path / "x.so").empty() and read_coverage(tmp_path / "y.so.1").empty()
     assert scan(tmp_path) == {}
     assert read_coverage(sys.executable).empty()
+
+
+@pytest.mark.network
+def test_nvidia_libraries_are_shown_but_not_judged(nvidia, tmp_path):
+    from envbuild.probe.fatbin import image_coverage
+
+    root, _ = nvidia
+    site = tmp_path / "site-packages"
+    lib = next(root.rglob("libcurand.so*"))
+    (site / "nvidia" / "curand" / "lib").mkdir(parents=True)
+    os.link(lib, site / "nvidia" / "curand" / "lib" / lib.name)  # a real CUDA library, no copy
+    cov = image_coverage([str(site)])
+    assert "nvidia/curand" in cov["packages"] and cov["judged"] == []  # shown, not judged
+    assert "sm_90" in cov["supports"] and cov["lacking"] == {}

@@ -173,15 +173,20 @@ def _package(rel: str) -> str:
 
 def image_coverage(site_dirs) -> dict:
     """What the probe records: per package the architectures its native code carries, the GPUs
-    (by compute capability, named by sm_XY) that every package runs on, and for the others the
-    packages that lack them."""
+    (by compute capability, named by sm_XY) that every judged package (the stack's extensions:
+    torch, the engine, its kernels) runs on, and for the others the packages that lack them."""
     per_pkg: dict[str, Coverage] = {}
     for root in site_dirs:
         if not os.path.isdir(root):
             continue
         for rel, cov in scan(root).items():
             per_pkg.setdefault(_package(rel), Coverage()).merge(cov)
-    ok, missing = supported(per_pkg)
-    return {"packages": {k: v.to_dict() for k, v in sorted(per_pkg.items())},
+    # NVIDIA's own CUDA libraries (nvidia/*: cuBLAS, cuFFT, cuDNN, ...) are left out of the
+    # verdict: some keep their kernels outside .nv_fatbin (libcufft 11.2 shows one sm_52 cubin to
+    # cuobjdump too) and load them at run time; their GPUs follow their CUDA release, which the
+    # row's CUDA and minimum driver already state. The extensions built for this stack decide.
+    judged = {k: v for k, v in per_pkg.items() if not k.startswith("nvidia/")}
+    ok, missing = supported(judged)
+    return {"packages": {k: v.to_dict() for k, v in sorted(per_pkg.items())}, "judged": sorted(judged),
             "supports": [f"sm_{cc}" for cc in ok],
             "lacking": {f"sm_{cc}": pkgs for cc, pkgs in missing.items()}}
