@@ -146,8 +146,7 @@ def run_contract(v: Verdict, expect: dict, engine: str, background: "Background 
     # verl: the package itself, then every engine-facing module; another engine's or a missing
     # backend's modules (by path and imports, ownership.py) are not applicable and not imported.
     mods = discover_verl_modules()
-    static = bg.static() if mods is not None else None
-    owners = (static or {}).get("owners", {})
+    static = None
     if mods is None:
         if expect.get("verl"):
             v.add("verl-modules", FAIL, "verl is not installed", "module-missing")
@@ -155,8 +154,11 @@ def run_contract(v: Verdict, expect: dict, engine: str, background: "Background 
             v.add("verl-modules", NOT_APPLICABLE, "verl is not installed and not expected")
     else:
         with v.timed("import_verl"):
-            _import_check(v, "verl", engine, on_gpu)
-            if v.checks[-1].status in (PASS, NEEDS_NETWORK, NEEDS_HOME):
+            _import_check(v, "verl", engine, on_gpu)  # the child reads syntax trees meanwhile
+            verl_ok = v.checks[-1].status in (PASS, NEEDS_NETWORK, NEEDS_HOME)
+            static = bg.static()
+            owners = static.get("owners", {})
+            if verl_ok:
                 declared = verl_declared()
                 for m in mods:
                     o = owners.get(m)
