@@ -279,6 +279,8 @@ class Builder:
             status = "fail" if lr.status == "unsatisfiable" else "error"
             return finish("lock", status, lr.status, lr.detail)
         rec.lock_hash = lr.lock_hash
+        rec.lock_notes = {k: list(getattr(lr, k, None) or []) for k in ("relaxed", "built_from_source")
+                          if getattr(lr, k, None)}
 
         # 2. base + render
         self.progress.update(cid, "rendering")

@@ -364,6 +364,7 @@ function showDetails(rows) {
       ["verdict", when ? when + " (" + ago(when) + ")" : "", {"class": "age"}],
     ]));
     if (drv && floor) d.appendChild(el("div", {"class": "note"}, DATA.drivers.note.replace("{floor}", floor)));
+    for (const n of r.notes || []) d.appendChild(el("div", {"class": "note row-note"}, n));
     if (r.status === "broken" && r.failure) {
       d.appendChild(el("div", {}, "failed at " + r.failure.level + ": " + r.failure.cause));
       const lines = String(r.failure.detail || "").trim().split("\n");

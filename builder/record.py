@@ -22,6 +22,8 @@ Record fields (schema 1):
   timings       {stage: seconds}
   machine       {"hostname", "gpu", "docker"}
   log           build log path relative to RESULTS, if any
+  lock_notes    what the lock had to do that a reader must know: {"relaxed": ["X taken from <date>: ..."],
+                "built_from_source": ["name==version"]} (absent keys: nothing to say)
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class Record:
     timings: dict = field(default_factory=dict)
     machine: dict = field(default_factory=dict)
     log: str | None = None
+    lock_notes: dict = field(default_factory=dict)
     run_id: str = field(default_factory=new_run_id)
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     schema: int = SCHEMA
@@ -79,7 +82,7 @@ class Record:
         for k, typ in (("stage", str), ("status", str), ("run_id", str)):
             if not isinstance(known.get(k, ""), typ):
                 raise ValueError(f"{k} is not a {typ.__name__}")
-        for k in ("probe", "timings", "machine"):
+        for k in ("probe", "timings", "machine", "lock_notes"):
             if not isinstance(known.get(k) or {}, dict):
                 raise ValueError(f"{k} is not an object")
         for k in ("image", "base"):

@@ -214,6 +214,9 @@ class Row:
     # gpu_arch {supports: [sm_XY], lacking: {sm_XY: [package]}}, min_shm_bytes, min_driver.
     versions: dict = field(default_factory=dict)
     hardware: dict = field(default_factory=dict)
+    # What a reader must know about how the row was made: planned outside the matrix, a package
+    # taken from after the era (no earlier release on the index), packages built from source.
+    notes: list[str] = field(default_factory=list)
 
     def level(self, name: str) -> Entry:
         return self.levels.get(name) or Entry()
@@ -231,7 +234,7 @@ class Row:
                 "best_level": self.best_level, "status": self.status,
                 "failure": self.failure.to_dict() if self.failure else None,
                 "lock_hash": self.lock_hash, "base": self.base, "history": [h.to_dict() for h in self.history],
-                "versions": self.versions, "hardware": self.hardware}
+                "versions": self.versions, "hardware": self.hardware, "notes": self.notes}
 
     @classmethod
     def from_dict(cls, d: object, where: str = "table", i: int = 0) -> "Row":
@@ -249,7 +252,8 @@ class Row:
             str(get("status")), Failure.from_dict(get("failure")), _opt_str(get("lock_hash")),
             base if base.__class__ is dict else None,
             [HistoryEntry.from_dict(h) for h in hist] if hist.__class__ is list else [],
-            _dict(get("versions")), _dict(get("hardware")))
+            _dict(get("versions")), _dict(get("hardware")),
+            [str(n) for n in get("notes")] if get("notes").__class__ is list else [])
 
 
 class LazyRows(Sequence):

@@ -276,7 +276,17 @@ def fold_combo(records: list) -> Row:
     return Row(id=cid, combo=Combo.from_dict(combo), image=image, build=build, levels=levels,
                best_level=best, status=status, failure=_failure(status, levels, build),
                lock_hash=recs[-1].lock_hash, base=recs[-1].base, history=list(reversed(history)),
-               versions=versions, hardware=hardware)
+               versions=versions, hardware=hardware, notes=_notes(combo, recs[-1]))
+
+
+def _notes(combo: dict, newest) -> list[str]:
+    notes = [combo["note"]] if combo.get("note") else []
+    ln = newest.lock_notes or {}
+    notes += [str(x) for x in ln.get("relaxed") or []]
+    if ln.get("built_from_source"):
+        notes.append("built from source (build dependencies pinned by the lock): "
+                     + ", ".join(map(str, ln["built_from_source"])))
+    return notes
 
 
 def _read_from_image(recs, row_key, id_to_digest) -> tuple[dict, dict]:

@@ -137,8 +137,8 @@ def flip_bytes(rnd: random.Random) -> bytes:
             del data[i:i + rnd.randint(1, 40)]
         elif op == 4:
             del data[i:]
-        else:
-            j = rnd.randrange(len(data) or 1)
+        elif data:  # swap two bytes (an emptied file has none)
+            j = rnd.randrange(len(data))
             data[i], data[j] = data[j], data[i]
     if rnd.random() < .05:
         return bytes(data).decode("utf-8", "replace").encode(rnd.choice(["latin-1", "utf-16", "cp1252"]), "replace")

@@ -267,3 +267,15 @@ def test_statement_result_follows_levels():
     broken = fold_row([rec(C, {"env": verdict("fail", "cuda-mismatch")}, img=img, run=1)])
     s = image_statement(broken)["predicate"]
     assert s["result"] == "FAILED" and s["failedTests"] == ["envbuild-probe/env"]
+
+
+def test_a_row_says_how_it_was_made_outside_the_matrix_era_lifts_and_sdists():
+    c = {**combo(verl="0.9.1", ev="0.8.4"), "note": "outside the matrix: verl 0.9.1 pins vllm==0.24.0 (verl.yaml:44)"}
+    r = rec(c, passed("env", "contract"), img=image(c))
+    r.lock_notes = {"relaxed": ["sgl-kernel taken from 2025-07-01: no earlier release on the index satisfies it"],
+                    "built_from_source": ["pylatexenc==2.10"]}
+    row = fold_row([r])
+    assert row.notes[0].startswith("outside the matrix") and "sgl-kernel taken from 2025-07-01" in row.notes[1]
+    assert row.notes[2].endswith("pylatexenc==2.10")
+    assert type(row).from_dict(row.to_dict()).notes == row.notes  # survives the table's JSON
+    assert fold_row([rec(combo(), passed("env"), img=image(combo()))]).notes == []
