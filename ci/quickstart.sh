@@ -11,7 +11,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 sel=("$@")
 [ "${#sel[@]}" -gt 0 ] || sel=(--cuda cu124 --vllm 0.8.4 --verl 0.4.1)
-PY="${PYTHON:-python3}"
 t0=$SECONDS
 hb=""
 trap '[ -z "$hb" ] || kill "$hb" 2>/dev/null || true' EXIT
@@ -35,16 +34,7 @@ step "1/8 services: Docker engine and a registry on 127.0.0.1:5000 (ci/services.
 bash ci/services.sh
 
 step "2/8 envbuild into ./.venv"
-if [ ! -x .venv/bin/python ]; then
-  if ! "$PY" -m venv .venv >/dev/null 2>&1; then
-    rm -rf .venv  # Debian and Ubuntu ship venv (ensurepip) in a package of its own
-    echo "   installing python3-venv (apt)"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
-    "$PY" -m venv .venv
-  fi
-fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e .
+bash ci/venv.sh
 export PATH="$PWD/.venv/bin:$PATH"
 command -v nm >/dev/null || { apt-get update -qq; apt-get install -y -qq binutils >/dev/null; }
 envbuild --version

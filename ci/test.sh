@@ -20,17 +20,19 @@ fi
 
 bash ci/services.sh
 
-export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
-python3 -m pip install -q -e '.[test]'
+# envbuild and its test dependencies in ./.venv (PEP 668: never the distribution's python3).
+bash ci/venv.sh test
+export PATH="$PWD/.venv/bin:$PATH" PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
+PY=.venv/bin/python
 # CPU torch for the probe's gpu-level logic on CPU: this workplace keeps a CPU build of 2.13.0 on
 # disk (quick); elsewhere any torch the index serves will do.
-if ! python3 -c "import torch, transformers" 2>/dev/null; then
-  python3 -m pip install -q torch==2.13.0 transformers tokenizers safetensors ||
-    python3 -m pip install -q torch transformers tokenizers safetensors
+if ! "$PY" -c "import torch, transformers" 2>/dev/null; then
+  "$PY" -m pip install -q torch==2.13.0 transformers tokenizers safetensors ||
+    "$PY" -m pip install -q torch transformers tokenizers safetensors
 fi
 
 set +e
-python3 -m pytest -q -ra "$@"
+"$PY" -m pytest -q -ra "$@"
 rc=$?
 set -e
 [ "$rc" = 5 ] && { echo "test.sh: pytest collected no tests" >&2; exit 1; }
