@@ -20,12 +20,15 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from . import drivers
 from .errors import EnvbuildError
+from .probe.env_level import MIN_SHM_BYTES
+from .probe.fatbin import parse_sm
+from .vocab import parse_cuda
 from .verl_config import VerlConfig, build_config
 from .yamlsafe import read_bounded
 
@@ -63,6 +66,7 @@ class Options:
     probe_timeout: float = 600.0
     ray_timeout: float = 90.0
     gpus: Callable[[], list[dict] | None] | None = None  # injectable for unit tests
+    gpus_smi: Callable[[], list[dict]] | None = None  # nvidia-smi's view (driver, compute capability)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -727,9 +731,75 @@ def check_env(cfg: VerlConfig, opt: Options) -> list[Result]:
     engine = str(cfg.get("actor_rollout_ref.rollout.name") or "vllm")
     engine = "sglang" if engine.startswith("sglang") else ("vllm" if engine.startswith("vllm") else engine)
     out = [run_probe(engine, opt)]
+    out += check_host(out[0].details.get("verdict") or {}, opt)
     if opt.table:
         versions = out[0].details.get("versions") or installed_versions(engine)
         out.append(check_table(opt, engine, versions))
+    return out
+
+
+def nvidia_gpus() -> list[dict]:
+    """[{'name', 'driver', 'sm'}] from nvidia-smi; [] without an NVIDIA driver here."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return []
+    try:
+        p = subprocess.run([exe, "--query-gpu=name,driver_version,compute_cap", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    out = []
+    for line in p.stdout.splitlines() if p.returncode == 0 else []:
+        parts = [x.strip() for x in line.split(",")]
+        if len(parts) == 3:
+            out.append({"name": parts[0], "driver": parts[1], "sm": parse_sm(parts[2])})
+    return out
+
+
+def _ver_tuple(v: str) -> tuple:
+    return tuple(int(x) for x in re.findall(r"\d+", v))
+
+
+def check_host(verdict: dict, opt: Options, shm_path: str = "/dev/shm") -> list[Result]:
+    """What the stack needs from this host (the row's `hardware`): /dev/shm, the NVIDIA driver for
+    the installed torch's CUDA, and kernels for this host's GPU in every extension."""
+    out = []
+    try:
+        st = os.statvfs(shm_path)
+        shm = st.f_frsize * st.f_blocks
+    except OSError:
+        shm = None
+    if shm is None:
+        out.append(Result("env", "env.shm", WARN, f"{shm_path} is missing: NCCL and Ray keep buffers there"))
+    elif shm < MIN_SHM_BYTES:
+        out.append(Result("env", "env.shm", FAIL, f"{shm_path} holds {shm >> 20} MiB; NCCL and Ray need "
+                          f"≥ {MIN_SHM_BYTES >> 20} MiB (Docker's default 64 MB fails at the first collective)",
+                          "docker run --shm-size=16g (or --ipc=host); on Kubernetes an emptyDir with medium: Memory"))
+    else:
+        out.append(Result("env", "env.shm", PASS, f"{shm_path}: {shm >> 20} MiB"))
+    gpus = (opt.gpus_smi or nvidia_gpus)()
+    versions = verdict.get("versions") or {}
+    need = drivers.min_driver(versions.get("torch_cuda")) if versions.get("torch_cuda") else None
+    if gpus and need:
+        have = gpus[0]["driver"]
+        if _ver_tuple(have) >= _ver_tuple(need):
+            out.append(Result("env", "env.driver", PASS, f"NVIDIA driver {have} ≥ {need} (CUDA {versions['torch_cuda']})"))
+        else:
+            floor = drivers.MINOR_COMPAT_FLOOR.get(str(versions["torch_cuda"]).split(".")[0])
+            out.append(Result("env", "env.driver", FAIL if not floor or _ver_tuple(have) < _ver_tuple(floor) else WARN,
+                              f"NVIDIA driver {have} is older than {need}, the minimum for CUDA {versions['torch_cuda']}",
+                              "update the driver, use an image of an older CUDA (envbuild pick --cuda ...), or the "
+                              "forward-compatibility package (cuda-compat) on data-center GPUs"))
+    arch = ((verdict.get("hardware") or {}).get("gpu_arch") or {})
+    if gpus and arch.get("supports") is not None:
+        sm = gpus[0]["sm"]
+        if sm is not None and f"sm_{sm}" not in arch["supports"]:
+            lacking = (arch.get("lacking") or {}).get(f"sm_{sm}") or []
+            out.append(Result("env", "env.gpu-arch", FAIL, f"{gpus[0]['name']} (sm_{sm}) has no kernels in "
+                              f"{', '.join(lacking) or 'some extension'}: 'no kernel image is available' at run time",
+                              f"envbuild pick --gpu sm_{sm} ..."))
+        elif sm is not None:
+            out.append(Result("env", "env.gpu-arch", PASS, f"every extension has kernels for {gpus[0]['name']} (sm_{sm})"))
     return out
 
 
@@ -739,22 +809,17 @@ def run_probe(engine: str, opt: Options) -> Result:
     if not probe_available():
         return Result("env", "env.probe", WARN, "probe not available (envbuild.probe has no __main__ here)",
                       "install an envbuild with the probe, or run `envbuild probe` on the image")
-    with tempfile.TemporaryDirectory(prefix="envbuild-doctor-") as td:
-        out_json = Path(td) / "verdict.json"
-        cmd = [sys.executable, "-m", "envbuild.probe", "--level", "contract", "--engine", engine,
-               "--json", str(out_json)]
-        try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=opt.probe_timeout)
-        except subprocess.TimeoutExpired:
-            return Result("env", "env.probe", FAIL,
-                          f"probe (env + contract) did not finish in {opt.probe_timeout:.0f}s",
-                          "run `python -m envbuild.probe --level contract --engine ...` by hand to see where")
-        try:
-            v = json.loads(out_json.read_text())
-        except (OSError, ValueError):
-            tail = (p.stderr or p.stdout).strip().splitlines()[-1:] or [f"exit {p.returncode}"]
-            return Result("env", "env.probe", WARN, f"probe wrote no verdict: {tail[0][:300]}",
-                          "run " + " ".join(cmd[2:]) + " by hand")
+    from .probe_run import probe_here  # the one probe path (envbuild.probe_run)
+
+    v = probe_here(level="contract", engine=engine, expect={}, timeout=opt.probe_timeout)
+    if v.get("status") == "timeout":
+        return Result("env", "env.probe", FAIL,
+                      f"probe (env + contract) did not finish in {opt.probe_timeout:.0f}s",
+                      f"run `envbuild probe --here --level contract --engine {engine}` by hand to see where")
+    if v.get("cause") in ("no-verdict", "bad-verdict"):
+        tail = (v["checks"][0].get("detail") or "").strip().splitlines()[-1:] or ["no output"]
+        return Result("env", "env.probe", WARN, f"probe wrote no verdict: {tail[0][:300]}",
+                      f"run `envbuild probe --here --level contract --engine {engine}` by hand")
     status = v.get("status")
     bad = [c for c in v.get("checks", []) if c.get("status") not in ("pass", "not-applicable", "skipped")]
     names = ", ".join(f"{c['name']} ({c.get('cause') or c['status']})" for c in bad[:5])
@@ -795,7 +860,7 @@ def installed_versions(engine: str) -> dict:
 
 
 def _cuda(v: Any) -> str:
-    return re.sub(r"[^0-9]", "", str(v or ""))
+    return parse_cuda(v) or ""  # the one CUDA parser (envbuild.vocab): cu124 == 12.4 == 12.4.1
 
 
 def _release(v: Any) -> str:

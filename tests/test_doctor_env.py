@@ -36,7 +36,7 @@ def test_verified_combination_passes(table):
     assert r.status == PASS, r.reason
     assert "verified in the signed table at ['env', 'contract']" in r.reason
     assert r.details["installed"] == {"verl": "0.6.1", "engine": "vllm", "engine_version": "0.10.2",
-                                      "torch": "2.8.0", "cuda": "128", "python": "3.11"}
+                                      "torch": "2.8.0", "cuda": "cu128", "python": "3.11"}
 
 
 def test_insecure_table_match_is_only_a_warning(table):
