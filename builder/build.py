@@ -9,6 +9,7 @@ registry is not rebuilt, which is also how a rerun after Ctrl-C resumes.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -517,6 +518,7 @@ def add_arguments(p) -> None:
     p.add_argument("--ca-bundle", help="CA bundle given to builds as a secret (default: $PIP_CERT, "
                                        "$SSL_CERT_FILE or $REQUESTS_CA_BUNDLE)")
     p.add_argument("--rebuild", action="store_true", help="build even when the content tag exists")
+    p.add_argument("--json", action="store_true", help="print the records as JSON (progress goes to stderr)")
     p.add_argument("--reprobe", action="store_true",
                    help="probe even when this image content was already probed by this probe version")
     p.add_argument("--no-cache", action="store_true",
@@ -562,14 +564,15 @@ def run(args) -> int:
     if opts.push:
         pusher_for(engine, opts.compression)  # no zstd pusher here: say so before building
     opts.results.mkdir(parents=True, exist_ok=True)
-    tty = sys.stdout.isatty()
-    prog_cls = RichProgress if tty else PlainProgress
+    # --json: the result on stdout, progress on stderr (a live table only on a terminal)
+    out = sys.stderr if args.json else sys.stdout
+    prog_cls = RichProgress if out.isatty() else PlainProgress
     stop = threading.Event()
     # A kill (SIGTERM) takes the same path as Ctrl-C: running builds are stopped, records kept.
     def _term(signum, frame):
         raise KeyboardInterrupt
     old_term = signal.signal(signal.SIGTERM, _term)
-    with prog_cls(pl.combos) as prog:
+    with prog_cls(pl.combos, stream=out) as prog:
         prog.message(f"envbuild build: {len(pl.combos)} combination(s), -j {opts.jobs}, {engine.describe()}")
         builder = Builder(opts, engine, lock_fn=_lock_adapter(m, meta), render_fn=_render_adapter(),
                           base_fn=_base_adapter(engine, opts.base, opts.suite, prog.message),
@@ -581,7 +584,14 @@ def run(args) -> int:
             records, interrupted = run_all(builder, pl.combos, opts.jobs)
         finally:
             signal.signal(signal.SIGTERM, old_term)
-    return summarize(records, opts, interrupted, len(pl.combos))
+    rc = summarize(records, opts, interrupted, len(pl.combos), out=out)
+    if args.json:
+        json.dump([{"id": r.combo["id"], "status": r.status, "stage": r.stage, "cause": r.cause,
+                    "image": r.image, "run_id": r.run_id, "notes": r.lock_notes,
+                    "levels": {lv: v.get("status") for lv, v in (r.probe or {}).items()}}
+                   for r in sorted(records, key=lambda r: r.combo["id"])], sys.stdout, indent=2, sort_keys=True)
+        print()
+    return rc
 
 
 def summarize(records, opts: Options, interrupted: bool, planned: int, out=None) -> int:

@@ -451,6 +451,7 @@ def add_arguments(p) -> None:
                                     "config.toml, else the key pinned on first use)")
     p.add_argument("--attestations", action="store_true",
                    help="also verify every image's in-toto attestation in attestations/")
+    p.add_argument("--json", action="store_true", help="print what was verified as JSON")
     add_trust_arguments(p)
 
 
@@ -461,10 +462,15 @@ def run(args) -> int:
         return verify_cli(args.table, args.pubkey)
     table, info = load_verified(args.table, args.pubkey, allow_rollback=args.allow_rollback, ca=args.ca)
     n = verify_files(table, info)
+    n_att = verify_attestations(table, info, args.pubkey) if args.attestations else None
+    if getattr(args, "json", False):
+        print(json.dumps({"ok": True, "envelope": str(info["envelope"]), "keyid": info["keyid"], "key": str(info["key"]),
+                          "rows": len(table.rows), "serial": table.serial, "generated": table.generated,
+                          "expires": table.expires, "files": n, "attestations": n_att}, indent=2, sort_keys=True))
+        return 0
     print(f"OK: {info['envelope']} signed by keyid {info['keyid']} ({info['key']}); {len(table.rows)} rows, "
           f"serial {table.serial}, generated {table.generated}, expires {table.expires}; "
           f"{n} listed files match")
-    if args.attestations:
-        n = verify_attestations(table, info, args.pubkey)
-        print(f"OK: {n} image attestations")
+    if n_att is not None:
+        print(f"OK: {n_att} image attestations")
     return 0
