@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,6 +131,7 @@ def add_arguments(p) -> None:
     p.add_argument("--locks", default="locks", help="where lock files go (default: ./locks)")
     p.add_argument("--base", default="nvidia", help="nvidia (default) | bootstrap | IMAGE")
     p.add_argument("--base-ref", default=None, help="the image for --base bootstrap (default: detect)")
+    p.add_argument("--json", action="store_true", help="print what was rendered (or why not) as JSON")
 
 
 def run(args) -> int:
@@ -142,12 +144,20 @@ def run(args) -> int:
     m = matrix_from_args(args)
     locker = Locker(m, meta)
     rc = 0
+    report = []
     for c in plan_from_args(args, meta).combos:
         lock = locker.lock(c, args.locks)
         if not lock.ok:
-            print(f"{c.id}: not rendered: {lock.status}: {' '.join(lock.detail.split())[:400]}")
+            report.append({"id": c.id, "status": lock.status, "detail": lock.detail})
+            if not args.json:
+                print(f"{c.id}: not rendered: {lock.status}: {' '.join(lock.detail.split())}")
             rc = max(rc, 3 if lock.status in ("index-unreachable", "lock-error") else 1)
             continue
         r = render_combo(c, lock, base_for(c, args.base, args.base_ref), args.out)
-        print(f"{c.id}: {r.dockerfile} (content {r.content_hash[:12]})")
+        report.append({"id": c.id, "status": "ok", "dockerfile": str(r.dockerfile), "content_hash": r.content_hash})
+        if not args.json:
+            print(f"{c.id}: {r.dockerfile} (content {r.content_hash[:12]})")
+    if args.json:
+        json.dump(report, sys.stdout, indent=2, sort_keys=True)
+        print()
     return rc

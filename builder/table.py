@@ -543,11 +543,16 @@ def add_arguments(p) -> None:
     p.add_argument("--expires-days", type=float, default=DEFAULT_EXPIRES_DAYS, metavar="N",
                    help=f"readers refuse the table N days after publishing (default: {DEFAULT_EXPIRES_DAYS}); "
                         "publish again before then")
+    p.add_argument("--json", action="store_true", help="print what was published as JSON")
 
 
 def run(args) -> int:
     table = publish(args.results, args.key, args.out, args.expires_days)
     c = table.counts
+    if getattr(args, "json", False):
+        print(json.dumps({"out": str(args.out), "rows": len(table.rows), "counts": c, "keyid": table.keyid,
+                          "serial": table.serial, "expires": table.expires}, indent=2, sort_keys=True))
+        return 0
     print(f"{len(table.rows)} combinations: {c['verified']} verified, {c['broken']} broken, "
           f"{c['untested']} untested, {c['unpinned']} unpinned")
     print(f"wrote {args.out}/compat.json (+ .dsse), compat.md, index.html, pubkey.json (keyid {table.keyid}); "
