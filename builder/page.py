@@ -365,6 +365,8 @@ function showDetails(rows) {
     ]));
     if (drv && floor) d.appendChild(el("div", {"class": "note"}, DATA.drivers.note.replace("{floor}", floor)));
     for (const n of r.notes || []) d.appendChild(el("div", {"class": "note row-note"}, n));
+    for (const cv of hw.caveats || [])  // works, but the host must allow it (an air-gapped site wants to know)
+      d.appendChild(el("div", {"class": "note caveat"}, "works, but " + cv.kind + ": " + cv.module + " " + cv.what));
     if (r.status === "broken" && r.failure) {
       d.appendChild(el("div", {}, "failed at " + r.failure.level + ": " + r.failure.cause));
       const lines = String(r.failure.detail || "").trim().split("\n");

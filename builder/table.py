@@ -36,7 +36,7 @@ from .errors import InputError
 from .fsutil import safe_name, write_atomic
 from .row import (SCHEMA, TABLE_PAYLOAD_TYPE, Combo, Entry, Failure, HistoryEntry, Image, Row, Table,  # noqa: F401 (re-exported)
                   parse_pinned, parse_utc)
-from .vocab import LEVELS
+from .vocab import CAVEATS, LEVELS
 
 DECISIVE = {"pass", "fail", "timeout"}  # probe statuses that are a verdict on the stack
 DEFAULT_RESULTS = "results"
@@ -48,7 +48,7 @@ KEEP_SITES = 2  # the current site and the one before: a reader that resolved th
 
 _DETAIL_MAX = 600
 # Check statuses that do not explain a non-passing verdict (see envbuild.probe.verdict).
-_NOT_A_PROBLEM = (None, "pass", "ok", "skipped", "not-applicable")
+_NOT_A_PROBLEM = (None, "pass", "ok", "skipped", "not-applicable", *CAVEATS)  # caveats go on the row
 
 
 def _short(text: object, n: int = _DETAIL_MAX) -> str:
@@ -293,6 +293,7 @@ def _read_from_image(recs, row_key, id_to_digest) -> tuple[dict, dict]:
     """The newest versions and hardware facts the probe read from the row's image."""
     versions: dict = {}
     hardware: dict = {}
+    caveats: list = []
     for r in recs:  # oldest first: newer verdicts overwrite
         if _image_key(r.image, id_to_digest) != row_key:
             continue
@@ -301,6 +302,8 @@ def _read_from_image(recs, row_key, id_to_digest) -> tuple[dict, dict]:
                 continue
             if isinstance(v.get("versions"), dict) and v["versions"]:
                 versions = {k: x for k, x in v["versions"].items() if isinstance(x, (str, int, float, bool)) or x is None}
+            if isinstance(v.get("caveats"), list):
+                caveats = [c for c in v["caveats"] if isinstance(c, dict)]
             hw = v.get("hardware")
             if isinstance(hw, dict) and hw:
                 arch = hw.get("gpu_arch") if isinstance(hw.get("gpu_arch"), dict) else {}
@@ -308,6 +311,8 @@ def _read_from_image(recs, row_key, id_to_digest) -> tuple[dict, dict]:
                 hardware = {"gpu_arch": {"supports": list(arch.get("supports") or []),
                                          "lacking": dict(arch.get("lacking") or {})},
                             "min_shm_bytes": hw.get("min_shm_bytes")}
+    if caveats:  # works, but the host must allow this: "fetches X at import", "writes to $HOME"
+        hardware["caveats"] = [{k: str(c.get(k) or "") for k in ("kind", "module", "what")} for c in caveats]
     return versions, hardware
 
 

@@ -3,7 +3,7 @@ plus the words only the host uses (record statuses, --probe plans). One home for
 
 from __future__ import annotations
 
-from .probe.verdict import ERROR, FAIL, NEEDS_GPU, NOT_APPLICABLE, PASS, SKIPPED  # noqa: F401
+from .probe.verdict import CAVEATS, ERROR, FAIL, NEEDS_GPU, NOT_APPLICABLE, PASS, SKIPPED  # noqa: F401
 from .probe.vocab import (  # noqa: F401
     CHECK_STATUSES, CPU, ENGINES, LEVELS, TIMEOUT, VERDICT_STATUSES, cuda_version, level_index, levels_upto,
     parse_cuda,

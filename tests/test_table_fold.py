@@ -279,3 +279,14 @@ def test_a_row_says_how_it_was_made_outside_the_matrix_era_lifts_and_sdists():
     assert row.notes[2].endswith("pylatexenc==2.10")
     assert type(row).from_dict(row.to_dict()).notes == row.notes  # survives the table's JSON
     assert fold_row([rec(combo(), passed("env"), img=image(combo()))]).notes == []
+
+
+def test_caveats_reach_the_row_and_are_not_failures():
+    c = combo()
+    probe = passed("env", "contract")
+    probe["contract"]["caveats"] = [{"kind": "needs-network", "check": "import:verl.x", "module": "verl.x",
+                                     "what": "fetches https://huggingface.co/gpt2/resolve/main/vocab.json at import"}]
+    probe["contract"]["checks"] = [{"name": "import:verl.x", "status": "needs-network", "level": "contract"}]
+    row = fold_row([rec(c, probe, img=image(c))])
+    assert row.status == "verified"
+    assert row.hardware["caveats"][0]["kind"] == "needs-network" and "vocab.json" in row.hardware["caveats"][0]["what"]

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import re
 
-from .verdict import ERROR, FAIL, NEEDS_GPU, NOT_APPLICABLE, PASS, SKIPPED
+from .verdict import CAVEATS, ERROR, FAIL, NEEDS_GPU, NOT_APPLICABLE, PASS, SKIPPED
 
 LEVELS = ("env", "contract", "gpu")  # each level includes the levels before it
 ENGINES = ("vllm", "sglang", "hf")  # hf: transformers generate, no inference engine
 TIMEOUT = "timeout"  # a probe killed at its deadline (written by the launcher, not the probe)
-# A check's or a verdict's status. needs-gpu / not-applicable / skipped are not failures.
-CHECK_STATUSES = (PASS, FAIL, NEEDS_GPU, NOT_APPLICABLE, SKIPPED, ERROR)
+# A check's or a verdict's status. needs-gpu / not-applicable / skipped are not failures, and the
+# caveats (needs-network, needs-writable-home) are things the host must allow, not verdicts.
+CHECK_STATUSES = (PASS, FAIL, NEEDS_GPU, NOT_APPLICABLE, SKIPPED, ERROR, *CAVEATS)
 VERDICT_STATUSES = (PASS, FAIL, NEEDS_GPU, ERROR, TIMEOUT)
 CPU = "cpu"  # the CUDA "variant" of a CPU-only torch build
 
