@@ -39,7 +39,8 @@ CUDA_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("cudnn", ("nvidia-cudnn-",)),
     ("cublas", ("nvidia-cublas-",)),
     ("nccl", ("nvidia-nccl-", "nvidia-nvshmem-")),
-    ("cusparse", ("nvidia-cusparse-", "nvidia-cusparselt-")),
+    ("cusparse", ("nvidia-cusparse-",)),
+    ("cusparselt", ("nvidia-cusparselt-",)),  # new in torch 2.6: alone, so cusparse stays shared
     ("cufft", ("nvidia-cufft-", "nvidia-cusolver-", "nvidia-curand-")),
     ("runtime", ("nvidia-",)),
 )

@@ -121,15 +121,16 @@ def test_cuda_libraries_get_their_own_layers_shared_across_torch_releases(tmp_pa
     new = fake_lock(VLLM, torch="2.6.0", nvidia={**NVIDIA, "nvidia-cusparselt-cu12": "0.6.2"})
     ma, mb = model_for(VLLM, old, NV), model_for(VLLM, new, NV)
     names = [l.name for l in mb.layers]
-    assert names == ["cuda-cudnn", "cuda-cublas", "cuda-nccl", "cuda-cusparse", "cuda-cufft", "cuda-runtime",
-                     "torch-deps", "torch", "engine", "kernels", "verl"]
-    assert [l.stage for l in mb.layers] == ["torch"] * 8 + ["engine"] * 2 + ["final"]
+    assert names == ["cuda-cudnn", "cuda-cublas", "cuda-nccl", "cuda-cusparse", "cuda-cusparselt", "cuda-cufft",
+                     "cuda-runtime", "torch-deps", "torch", "engine", "kernels", "verl"]
+    assert [l.stage for l in mb.layers] == ["torch"] * 9 + ["engine"] * 2 + ["final"]
     assert mb.layers[names.index("kernels")].packages == {"xformers": "0.0.29.post2"}
     assert all(n.startswith("nvidia-") for l in mb.layers if l.name.startswith("cuda-") for n in l.packages)
-    # Same wheels, same layer: same lock bytes, same RUN text; only cusparse (cusparselt added) differs.
+    # Same wheels, same layer: same lock bytes, same RUN text; 2.6.0's new cusparselt is a layer of its own.
     a, b = {l.name: l for l in ma.layers}, {l.name: l for l in mb.layers}
     same = [n for n in a if n.startswith("cuda-") and a[n].key == b[n].key]
-    assert same == ["cuda-cudnn", "cuda-cublas", "cuda-nccl", "cuda-cufft", "cuda-runtime"]
+    assert same == ["cuda-cudnn", "cuda-cublas", "cuda-nccl", "cuda-cusparse", "cuda-cufft", "cuda-runtime"]
+    assert "cuda-cusparselt" in b and "cuda-cusparselt" not in a
     assert a["torch"].key != b["torch"].key
     ra, rb = render_combo(VLLM, old, NV, tmp_path / "a"), render_combo(VLLM, new, NV, tmp_path / "b")
     for n in same:
