@@ -277,7 +277,7 @@ def _layer_names(engine, ref: str, base_ref: str, model) -> list[str]:
     """A name per image layer: the base's, the setup steps, one per model layer, then the final
     stage's (a step that writes nothing adds no layer)."""
     n, base_n = len(engine.layers(ref)), len(engine.layers(base_ref))
-    named = ["base"] * base_n + ["secrets-env.sh", "setup"] + [l.name for l in model.layers]
+    named = ["base"] * base_n + ["etc-stubs", "prepare", "setup"] + [l.name for l in model.layers]
     return named + ["final"] * (n - len(named))
 
 
