@@ -55,10 +55,16 @@ def test_quickstart_passes_shellcheck():
 
 
 def test_quickstart_uses_its_own_venv_and_its_own_key():
-    text = (ROOT / "ci" / "quickstart.sh").read_text()
-    code = "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("#"))
-    assert "-m venv .venv" in code and ".venv/bin/python -m pip install" in code
-    assert "pip install" not in code.replace(".venv/bin/python -m pip install", "")  # never the system Python's
+    def code(name):
+        text = (ROOT / "ci" / name).read_text()
+        return "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("#"))
+
+    venv = code("venv.sh")  # the README's two commands share it
+    assert "-m venv .venv" in venv and ".venv/bin/python -m pip install" in venv
+    for name in ("venv.sh", "quickstart.sh", "test.sh"):  # never the system Python's pip
+        assert "python3 -m pip" not in code(name), name
+    assert "bash ci/venv.sh" in code("quickstart.sh") and "bash ci/venv.sh test" in code("test.sh")
+    code = code("quickstart.sh")
     # verify and pick name the key keygen wrote, never the pubkey.json lying next to the table
     for cmd in ("envbuild verify", "envbuild pick"):
         line = next(ln for ln in code.splitlines() if ln.strip().startswith(cmd))
