@@ -190,14 +190,12 @@ def add_arguments(p) -> None:
 
     p.add_argument("old", help="the earlier table (directory, compat.json, its .dsse, or an https URL)")
     p.add_argument("new", help="the later table")
-    p.add_argument("--pubkey", help="public key JSON that signed both tables (default: the configured or "
-                                    "first-use key of each location)")
     p.add_argument("--old-pubkey", help="key for OLD (after a key rotation); default --pubkey")
     p.add_argument("--new-pubkey", help="key for NEW; default --pubkey")
     p.add_argument("--insecure", action="store_true", help="skip signature checks (never in CI)")
     p.add_argument("--json", action="store_true", help="print the diff as JSON")
     p.add_argument("--markdown", metavar="FILE", help="also write a Markdown summary (issue / PR comment) here")
-    add_trust_arguments(p)
+    add_trust_arguments(p, "public key JSON that signed both tables")
 
 
 def run(args) -> int:

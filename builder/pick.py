@@ -165,8 +165,6 @@ def add_arguments(p) -> None:
                    help=f"lowest probe level the image must have passed (default: {DEFAULT_LEVEL})")
     p.add_argument("--table", default=None, help="table directory, file or https URL (default: $ENVBUILD_TABLE, "
                                                  "`table` in config.toml, else ./table)")
-    p.add_argument("--pubkey", help="public key JSON (default: $ENVBUILD_PUBKEY, `pubkey` in config.toml, "
-                                    "else the key pinned on first use)")
     p.add_argument("--insecure", action="store_true",
                    help="skip signature verification and allow plain http (not recommended)")
     p.add_argument("--json", action="store_true", help="print the answer as JSON (reference, row, verification)")

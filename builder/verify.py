@@ -436,8 +436,10 @@ def verify_attestations(table: Table, info: dict, pubkey=None) -> int:
 # ---------------------------------------------------------------- CLI
 
 
-def add_trust_arguments(p) -> None:
+def add_trust_arguments(p, pubkey_help: str = "public key JSON to verify against") -> None:
     """The flags every command that reads a table shares (verify, pick, diff)."""
+    p.add_argument("--pubkey", help=f"{pubkey_help} (default: $ENVBUILD_PUBKEY, `pubkey` in config.toml, "
+                                    "else the key pinned on first use)")
     p.add_argument("--allow-rollback", action="store_true",
                    help="read an expired table, or one older than the newest seen (forensics only)")
     p.add_argument("--ca", metavar="FILE", help="CA bundle for an https table (default: config `ca`, SSL_CERT_FILE)")
@@ -447,8 +449,6 @@ def add_arguments(p) -> None:
     p.add_argument("table", nargs="?", default=None,
                    help="table directory, compat.json, its .dsse envelope, or an https URL "
                         f"(default: $ENVBUILD_TABLE, `table` in config.toml, else ./{DEFAULT_TABLE})")
-    p.add_argument("--pubkey", help="public key JSON to verify against (default: $ENVBUILD_PUBKEY, `pubkey` in "
-                                    "config.toml, else the key pinned on first use)")
     p.add_argument("--attestations", action="store_true",
                    help="also verify every image's in-toto attestation in attestations/")
     p.add_argument("--json", action="store_true", help="print what was verified as JSON")
