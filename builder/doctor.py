@@ -889,7 +889,7 @@ def check_table(opt: Options, engine: str, versions: dict) -> Result:
     missing = [k for k in ("verl", "torch") if not have[k]] + (["engine_version"] if engine != "hf" and not
                                                                  have["engine_version"] else [])
     label = (f"verl {have['verl']} + {engine} {have['engine_version']} + torch {have['torch']} "
-             f"cu{have['cuda']} py{have['python']}")
+             f"{have['cuda']} py{have['python']}")
     if missing:
         return Result("env", "env.table", FAIL, f"not installed here: {', '.join(missing)} ({label})",
                       "install the stack, or use a verified image (`envbuild pick`)", {"installed": have})

@@ -33,6 +33,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from .errors import InfraError, InputError
+from .vocab import parse_cuda
 
 PYTORCH_INDEX_ENV = "ENVBUILD_PYTORCH_INDEX"
 # The public PyTorch index (one folder per variant: cu126/, cu128/, ...); a mirror replaces it
@@ -567,8 +568,7 @@ class Metadata:
             if m:
                 pins = [s.version for s in r.specifier if s.operator in ("==", "~=", ">=")]
                 if pins:
-                    major, minor = pins[0].split(".")[:2]
-                    return f"cu{major}{minor}"
+                    return parse_cuda(".".join(pins[0].split(".")[:2])) or "cpu"
         return "cpu"
 
 

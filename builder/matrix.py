@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable
 
 from . import yamlsafe
 from .errors import InputError
+from .vocab import parse_cuda
 from .index import Metadata
 from .paths import default_matrix
 from .selector import Selectors, add_selector_args, narrow, selectors_from_args, version_matches  # noqa: F401 - re-exported
@@ -252,7 +253,7 @@ def load_matrix(path: str | Path) -> Matrix:
             glibc=c.string(spec["glibc"], p + ("glibc",), GLIBC_RE, "a glibc version 2.N"),
             torch=c.specifier(spec["torch"], p + ("torch",)),
         )
-        if name != "cu" + spec["toolkit"].replace(".", ""):
+        if parse_cuda(spec["toolkit"]) != name:
             c.fail(p + ("toolkit",), spec["toolkit"], f"does not match the variant name {name}")
 
     python = c.lst(data["python"], ("python",), lambda v, p: c.string(v, p, PYTHON_RE, "a Python version 3.N"))

@@ -12,6 +12,7 @@ import time
 
 from .classify import classify_exception
 from .fatbin import image_coverage
+from .vocab import parse_cuda
 from .verdict import FAIL, NOT_APPLICABLE, PASS, SKIPPED, Verdict
 
 # Distribution whose version is "the engine's version" for each engine.
@@ -42,20 +43,12 @@ def same_version(seen: str | None, want: str) -> bool:
         return base_version(seen) == base_version(want)
 
 
-def _cuda_mm(s: str) -> tuple[str, str]:
-    """'12.4', 'cu124', '12.4.1' -> ('12', '4')."""
-    s = s.lower().removeprefix("cu")
-    if "." in s:
-        a, b = s.split(".")[:2]
-        return a, b
-    return s[:-1], s[-1:]
-
-
 def cuda_matches(seen: str | None, want: str) -> bool:
-    """Compare major.minor; 'cpu' expects a CPU build (torch.version.cuda is None)."""
+    """Compare as variants (vocab.parse_cuda: 12.4 == cu124 == 12.4.1); 'cpu' expects a CPU build
+    (torch.version.cuda is None)."""
     if want.lower() in ("cpu", "none", ""):
         return seen is None
-    return seen is not None and _cuda_mm(seen) == _cuda_mm(want)
+    return seen is not None and parse_cuda(seen) is not None and parse_cuda(seen) == parse_cuda(want)
 
 
 # NCCL keeps its buffers in /dev/shm; Docker's 64 MB default makes recent NCCL fail at the first
