@@ -21,10 +21,9 @@ from .fsutil import write_atomic
 from .index import Metadata
 from .layers import ImageModel
 from .lock import Locker
-from .matrix import matrix_from_args
-from .plan import plan_from_args
-from .render import BUILD_CONSTRAINTS, PROBE_DIR, base_for, render_combo, render_stages
+from .matrix import matrix_from_args, plan_from_args
 
+from .render import BUILD_CONSTRAINTS, PROBE_DIR, base_for, render_combo, render_stages
 
 
 def _hash_ctx(ctx: Path, srcs: list[str]) -> str:

@@ -25,6 +25,8 @@ from pathlib import Path
 
 from .errors import EnvbuildError
 from .fsutil import write_atomic
+from .matrix import _spec_match, load_matrix, matrix_from_args, plan
+from .index import Metadata
 
 PACKAGES = ("verl", "vllm", "sglang", "torch")
 
@@ -82,8 +84,6 @@ def _known(m, meta) -> dict[str, list[str]]:
 
 
 def _cuda_for(m, torch_v: str) -> list[str]:
-    from .matrix import _spec_match
-
     return [name for name, cv in m.cuda.items() if _spec_match(cv.torch, torch_v)]
 
 
@@ -250,8 +250,6 @@ def patch_text(m, props: list[Proposal]) -> tuple[str, str]:
 
 def check_patch(m, new_text: str, meta):
     """Plan the patched matrix: the combinations it adds (and excludes), or a clear error."""
-    from .matrix import load_matrix, plan
-
     with tempfile.TemporaryDirectory(prefix="envbuild-discover-") as d:
         path = Path(d) / Path(m.path).name
         path.write_text(new_text)
@@ -318,9 +316,6 @@ def summary_text(d: Discovery) -> str:
 
 
 def run(args) -> int:
-    from .index import Metadata
-    from .matrix import matrix_from_args
-
     m = matrix_from_args(args)
     meta = Metadata()
     d = run_discovery(m, meta, args.all)

@@ -48,10 +48,12 @@ from packaging.tags import compatible_tags, cpython_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from .errors import EnvbuildError, InfraError
+from .errors import EnvbuildError, InfraError, InputError
 from .fsutil import write_atomic, write_json_atomic
 from .index import Metadata, TorchSource, default_index_url, redact, torch_source, uv_exe
-from .matrix import Combo, Matrix
+from .matrix import Combo, Matrix, add_selector_args, matrix_from_args, plan_from_args
+
+from .paths import cache_dir
 
 LAYERS = ("torch", "engine", "verl")
 # Build backends an sdist commonly asks for; pinned as of the era in the build constraints.
@@ -226,8 +228,6 @@ class Locker:
 
     def __init__(self, matrix: Matrix, meta: Metadata | None = None, cache: Path | None = None,
                  no_build: bool = False, allow_build: tuple[str, ...] = ()):
-        from .paths import cache_dir
-
         self.matrix = matrix
         self.meta = meta or Metadata()
         self.cache = cache or cache_dir() / "locks"
@@ -495,8 +495,6 @@ class Locker:
 
 
 def add_arguments(p) -> None:
-    from .matrix import add_selector_args
-
     add_selector_args(p)
     p.add_argument("--out", default="locks", help="output folder (default: ./locks)")
     p.add_argument("--json", action="store_true", help="print one JSON object per combination")
@@ -526,12 +524,7 @@ def summary(r: LockResult, out: Path) -> str:
 
 
 def run(args) -> int:
-    from .matrix import matrix_from_args
-    from .plan import plan_from_args
-
     if args.jobs < 1:
-        from .errors import InputError
-
         raise InputError("command line", None, "--jobs", args.jobs, "must be at least 1")
     meta = Metadata()
     m = matrix_from_args(args)

@@ -23,9 +23,11 @@ from .base import Base, resolve_base
 from .errors import EnvbuildError
 from .fsutil import write_atomic
 from .layers import STAGES, ImageModel, expected_text, model_for
-from .lock import LockResult
-from .matrix import Combo
+from .lock import Locker, LockResult
+from .matrix import Combo, add_selector_args, matrix_from_args, plan_from_args
 from .paths import templates_dir
+from .index import Metadata
+
 
 __all__ = ["Base", "Rendered", "render_combo", "render_dockerfile", "render_stages", "context_hash", "base_for"]
 
@@ -124,8 +126,6 @@ def base_for(combo: Combo, choice: str, bootstrap_ref: str | None = None) -> Bas
 
 
 def add_arguments(p) -> None:
-    from .matrix import add_selector_args
-
     add_selector_args(p)
     p.add_argument("--out", default="rendered", help="output folder (default: ./rendered)")
     p.add_argument("--locks", default="locks", help="where lock files go (default: ./locks)")
@@ -135,11 +135,6 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from .index import Metadata
-    from .lock import Locker
-    from .matrix import matrix_from_args
-    from .plan import plan_from_args
-
     meta = Metadata()
     m = matrix_from_args(args)
     locker = Locker(m, meta)

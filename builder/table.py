@@ -31,12 +31,14 @@ import shutil
 import time
 from pathlib import Path
 
-from . import drivers
+from . import drivers, page
 from .errors import InputError
 from .fsutil import safe_name, write_atomic
 from .row import (SCHEMA, TABLE_PAYLOAD_TYPE, Combo, Entry, Failure, HistoryEntry, Image, Row, Table,  # noqa: F401 (re-exported)
                   parse_pinned, parse_utc)
 from .vocab import CAVEATS, LEVELS
+from .sign import IN_TOTO_PAYLOAD_TYPE, TEST_RESULT_PREDICATE, load_signer, public_key_of, sign_envelope, sign_statement, statement
+from .record import iter_records
 
 DECISIVE = {"pass", "fail", "timeout"}  # probe statuses that are a verdict on the stack
 DEFAULT_RESULTS = "results"
@@ -351,8 +353,6 @@ def table_bytes(table: Table) -> bytes:
 
 def image_statement(row: Row) -> dict | None:
     """An in-toto test-result Statement for a row's image, or None without a digest."""
-    from .sign import TEST_RESULT_PREDICATE, statement
-
     pinned = parse_pinned(row.pinned)
     if not pinned:
         return None
@@ -435,10 +435,6 @@ def _sha256(data: bytes) -> str:
 
 def publish(results: str | os.PathLike, key: str | os.PathLike, out: str | os.PathLike,
             expires_days: float = DEFAULT_EXPIRES_DAYS) -> Table:
-    from . import page
-    from .record import iter_records
-    from .sign import IN_TOTO_PAYLOAD_TYPE, load_signer, public_key_of, sign_envelope, sign_statement
-
     if not Path(results).is_dir():
         raise InputError(str(results), None, "--results", str(results), "no such directory")
     if not 0 < expires_days <= 3650:
