@@ -222,10 +222,15 @@ class Engine:
         if tool == "skopeo":
             return skopeo_push(ref, compression, timeout)
         p = self.cmd("push", ref, timeout=timeout)
+        # The registry's own answer is the digest (a HEAD through envbuild.registry, with the
+        # user's credentials); the push's output is only read when the registry cannot be asked.
+        dig = registry_digest(ref)
         m = re.search(r"digest:\s*(sha256:[0-9a-f]{64})", p.stdout)
-        if not m:
-            raise InfraError("daemon-error", f"docker push {ref}: no digest in its output")
-        return f"{split_ref(ref)[0]}@{m.group(1)}"
+        if dig and m and dig != m.group(1):
+            raise InfraError("daemon-error", f"docker push {ref}: pushed {m.group(1)} but the registry serves {dig}")
+        if not (dig or m):
+            raise InfraError("daemon-error", f"docker push {ref}: the registry names no digest for it")
+        return f"{split_ref(ref)[0]}@{dig or m.group(1)}"
 
     def cache_entries(self) -> list[dict]:
         """BuildKit's cache records (ID, CacheType, Description, Size, InUse, ...)."""
