@@ -159,13 +159,21 @@ def shared_tmp():
     shutil.rmtree(d, ignore_errors=True)
 
 
+def _check_with(cfg, path):
+    return check_parquet(str(path), "data.train_files", cfg.get("data.prompt_key"), cfg.get("data.reward_fn_key"), cfg)
+
+
 def test_unreadable_parquet_fails_for_a_non_root_user(shared_tmp):
     p = write(shared_tmp / "secret.parquet", good_columns(4))
     p.chmod(0o600)
-    r = as_nobody(parquet_check, p)
+    # The trainer config is composed before dropping root: envbuild's own files may sit in a
+    # folder only root can read (a CI checkout in a 0700 temp dir); the data file is what is tested.
+    cfg = build_config(None, [f"data.train_files={p}"])
+    r = as_nobody(_check_with, cfg, p)
     assert r.status == FAIL and "not readable by this user" in r.reason
     p.chmod(0o644)
-    assert as_nobody(parquet_check, p, "data.train_batch_size=2").status == PASS
+    cfg = build_config(None, [f"data.train_files={p}", "data.train_batch_size=2"])
+    assert as_nobody(_check_with, cfg, p).status == PASS
 
 
 def test_output_dir_without_write_permission_fails_as_non_root(shared_tmp):
