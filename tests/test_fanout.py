@@ -213,7 +213,7 @@ def test_ray_fanout_streams_verdicts_and_retries_lost_nodes(tmp_path, images):
     nodes = [part.split(" on ")[1].split(" ")[0] for part in slow.detail.split("#")[1:]]
     assert len(nodes) == 3 and len(set(nodes)) == 3, slow.detail
     assert "retry 1/2 elsewhere" in out and "retry 2/2 elsewhere" in out
-    row = {r["id"]: r for r in fold(iter_records(results))}[hf.id]
+    row = {r.id: r for r in fold(iter_records(results))}[hf.id]
     assert row.status != "broken"
     # Two selected combinations had no image: said. Exit 1: the fast image's verdict is a failure.
     assert "no image recorded" in out and cli.returncode == (1 if fast.status == "fail" else 3), out
