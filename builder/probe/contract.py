@@ -60,7 +60,11 @@ def verl_declared() -> set[str]:
     import importlib.metadata as md
 
     out = set()
-    for req in md.requires("verl") or []:
+    try:
+        reqs = md.requires("verl") or []
+    except md.PackageNotFoundError:  # verl on the path without package metadata (a source checkout)
+        return out
+    for req in reqs:
         if re.search(r"\bextra\s*==", req):
             continue
         m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", req)
