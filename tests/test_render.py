@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 import sys
-from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -161,11 +160,16 @@ def test_check_env_script_accepts_the_environment_and_names_differences(tmp_path
     """dockerfiles/check-env.py (run at the end of every build) against this interpreter."""
     script = templates_dir() / "check-env.py"
     seed = {"pip", "setuptools", "wheel"}
+    # What a fresh interpreter sees (as the script does): other tests may add folders to this
+    # process's sys.path, whose packages the script rightly does not see.
+    listing = subprocess.run([sys.executable, "-c", "import importlib.metadata as m, json; "
+                              "print(json.dumps([[d.metadata['Name'], d.version] for d in m.distributions()]))"],
+                             capture_output=True, text=True, check=True).stdout
     have = {}
-    for d in metadata.distributions():
-        n = re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower()
+    for name, version in json.loads(listing):
+        n = re.sub(r"[-_.]+", "-", name).lower()
         if n not in seed:
-            have[n] = d.version
+            have[n] = version
     exp = tmp_path / "expected.txt"
     exp.write_text("".join(f"{n}=={v}\n" for n, v in sorted(have.items())))
     ok = subprocess.run([sys.executable, str(script), str(exp)], capture_output=True, text=True)
