@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from .probe.verdict import CAVEATS, ERROR, FAIL, NEEDS_GPU, NOT_APPLICABLE, PASS, SKIPPED  # noqa: F401
 from .probe.vocab import (  # noqa: F401
-    CHECK_STATUSES, CPU, ENGINES, LEVELS, TIMEOUT, VERDICT_STATUSES, cuda_version, level_index, levels_upto,
-    parse_cuda,
+    CHECK_STATUSES, CPU, DEFAULT_PLATFORM, ENGINES, LEVELS, PLATFORMS, TIMEOUT, VERDICT_STATUSES, cuda_version,
+    host_platform, level_index, levels_upto, parse_cuda, parse_platform, platform_arch, platform_machine,
 )
 
 # A record's status: ok (the stage completed), fail (a verdict: the stack is broken), error

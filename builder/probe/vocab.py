@@ -1,4 +1,4 @@
-"""The shared vocabulary: probe levels, engines, check statuses, CUDA spellings.
+"""The shared vocabulary: probe levels, engines, check statuses, CUDA spellings, platforms.
 
 Its home is the probe because the probe runs inside images where envbuild is not installed
 (standard library only); the host side re-exports it (envbuild.vocab). One parse/format pair
@@ -45,6 +45,41 @@ def cuda_version(variant: str) -> str:
         return CPU
     digits = v[2:]
     return f"{digits[:-1]}.{digits[-1]}"
+
+
+# Platforms: Docker's name -> (the machine Python and wheel tags say, Debian's architecture).
+# One table for every spelling: `--platform arm64`, `aarch64` and `linux/arm64` are one platform.
+PLATFORMS = {"linux/amd64": ("x86_64", "amd64"), "linux/arm64": ("aarch64", "arm64")}
+DEFAULT_PLATFORM = "linux/amd64"  # its combinations' ids and tags carry no platform (as before the axis)
+
+
+def parse_platform(value: object) -> str | None:
+    """Any spelling (`linux/arm64`, `linux/arm64/v8`, `arm64`, `aarch64`) -> `linux/arm64`; None if unknown."""
+    s = str(value if value is not None else "").strip().lower()
+    if s.endswith("/v8"):
+        s = s[:-3]
+    s = s.removeprefix("linux/")
+    for name, (machine, arch) in PLATFORMS.items():
+        if s in (machine, arch):
+            return name
+    return None
+
+
+def platform_machine(platform: str) -> str:
+    """`linux/arm64` -> `aarch64` (platform.machine() inside the image; the wheel tag's arch)."""
+    return PLATFORMS[parse_platform(platform) or platform][0]
+
+
+def platform_arch(platform: str) -> str:
+    """`linux/arm64` -> `arm64` (Debian's and Docker's architecture name)."""
+    return PLATFORMS[parse_platform(platform) or platform][1]
+
+
+def host_platform() -> str | None:
+    """This machine's platform, None for one envbuild has no images for."""
+    import platform as _platform
+
+    return parse_platform(_platform.machine())
 
 
 def level_index(level: str) -> int:
