@@ -2,7 +2,8 @@
 # The test command (README): sets up everything on a fresh machine, then runs the whole suite.
 #   bash ci/test.sh [pytest args...]
 # 1. Debian packages the tests use (chromium for the page test, binutils for the probe's
-#    symbol check), 2. the Docker engine and a loopback registry (ci/services.sh),
+#    symbol check), 2. the Docker engine and a loopback registry (ci/services.sh), and qemu
+#    emulation of the other platform (ci/emulation.sh: the linux/arm64 base test),
 # 3. envbuild with its test extras, plus CPU torch/transformers for the probe's GPU-level
 #    logic on CPU, 4. pytest.
 set -euo pipefail
@@ -20,6 +21,7 @@ if [ "${#need[@]}" -gt 0 ]; then
 fi
 
 bash ci/services.sh
+bash ci/emulation.sh
 
 # envbuild and its test dependencies in ./.venv (PEP 668: never the distribution's python3).
 bash ci/venv.sh test
