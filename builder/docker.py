@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import io
 import json
 import os
 import re
 import shutil
 import signal
 import subprocess
+import tarfile
 import tempfile
 import threading
 import time
@@ -26,6 +28,7 @@ from typing import Callable, Iterator
 
 from .errors import InfraError
 from .image import registry_host, split_ref  # noqa: F401 - re-exported (tests, base)
+from .vocab import platform_arch
 
 DAEMON_DOWN = re.compile(r"Cannot connect to the Docker daemon|Is the docker daemon running|"
                          r"error during connect|connect: no such file or directory|"
@@ -123,9 +126,12 @@ class Engine:
     def build_argv(self, context: str | os.PathLike, *, dockerfile: str | os.PathLike | None = None,
                    tags: list[str] = (), labels: dict[str, str] | None = None,
                    secrets: dict[str, str] | None = None, build_args: dict[str, str] | None = None,
-                   iidfile: str | None = None, no_cache: bool = False) -> list[str]:
+                   iidfile: str | None = None, no_cache: bool = False,
+                   platform: str | None = None) -> list[str]:
         argv = [self.client, *(["buildx", "build", "--load"] if self.mode == "buildx" else ["build"])]
         argv += ["--network", "host", "--progress", "plain"]
+        if platform:  # another platform builds under qemu (ci/emulation.sh), FROM a registry base
+            argv += ["--platform", platform]
         if dockerfile:
             argv += ["-f", str(dockerfile)]
         for t in tags:
@@ -201,15 +207,65 @@ class Engine:
     def save(self, ref: str, path: str | os.PathLike, timeout: float = 1800) -> None:
         self.cmd("save", "-o", str(path), ref, timeout=timeout)
 
-    def import_tar(self, stream, ref: str, changes: list[str] = ()) -> str:
+    def import_tar(self, stream, ref: str, changes: list[str] = (), platform: str | None = None) -> str:
+        """`docker import` a root filesystem tar (stdin) as `ref`; -> the image id. With a
+        platform, the image's config says that OS and architecture: daemons before 23 take only
+        the OS from `docker import --platform` and write their own architecture, so the config is
+        then rewritten (docker save | new config | docker load; the layer is untouched)."""
         argv = [self.client, "import"]
+        if platform:
+            argv += ["--platform", platform]
         for c in changes:
             argv += ["--change", c]
         argv += ["-", ref]
         p = subprocess.run(argv, stdin=stream, capture_output=True, text=True, env=self._env())
         if p.returncode != 0:
             raise self._error(("import",), p)
-        return p.stdout.strip()
+        image_id = p.stdout.strip()
+        if platform:
+            image_id = self._set_platform(ref, platform) or image_id
+        return image_id
+
+    def _set_platform(self, ref: str, platform: str) -> str | None:
+        """Make the local image's config name this platform; -> the new image id (None: it already did)."""
+        want_os, want_arch = platform.split("/")[0], platform_arch(platform)
+        d = self.inspect(ref) or {}
+        if (d.get("Os"), d.get("Architecture")) == (want_os, want_arch):
+            return None
+        old = d.get("Id")
+        save = subprocess.Popen([self.client, "save", ref], stdout=subprocess.PIPE, env=self._env())
+        load = subprocess.Popen([self.client, "load", "-q"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=self._env())
+        rewritten = 0
+        try:
+            with tarfile.open(fileobj=save.stdout, mode="r|") as src, \
+                    tarfile.open(fileobj=load.stdin, mode="w|", format=tarfile.PAX_FORMAT) as dst:
+                for m in src:
+                    f = src.extractfile(m) if m.isfile() else None
+                    if f is not None and re.fullmatch(r"[0-9a-f]{64}\.json", m.name):  # the image config
+                        cfg = json.load(f)
+                        cfg["os"], cfg["architecture"] = want_os, want_arch
+                        data = json.dumps(cfg, separators=(",", ":")).encode()
+                        m.size = len(data)
+                        dst.addfile(m, io.BytesIO(data))
+                        rewritten += 1
+                    else:
+                        dst.addfile(m, f)
+        except (OSError, tarfile.TarError) as e:  # a broken pipe: load's stderr says why
+            save.kill()
+            err = _finish(load)[1]
+            raise InfraError("daemon-error", f"docker save | load {ref} (platform {platform}): {err or e}") from None
+        err = _finish(load)[1]
+        if save.wait() != 0 or load.returncode != 0 or rewritten != 1:
+            why = err or f"{rewritten} image configs in the saved tar"
+            raise InfraError("daemon-error", f"docker save | load {ref} (platform {platform}): {why}")
+        d = self.inspect(ref) or {}
+        if (d.get("Os"), d.get("Architecture")) != (want_os, want_arch):
+            raise InfraError("daemon-error", f"{ref}: imported for {platform} but the engine says "
+                                             f"{d.get('Os')}/{d.get('Architecture')}")
+        if old and old != d.get("Id"):
+            self.remove(old)  # the first import, now untagged (its layer stays: the new image shares it)
+        return d.get("Id")
 
     def pull(self, ref: str, timeout: float = 1800) -> None:
         self.cmd("pull", "-q", ref, timeout=timeout)
@@ -253,6 +309,14 @@ class Engine:
 
     def repo_digests(self, ref: str) -> list[str]:
         return list((self.inspect(ref) or {}).get("RepoDigests") or [])
+
+
+def _finish(proc: subprocess.Popen) -> tuple[str, str]:
+    """Close a process's stdin (we wrote it ourselves), wait, -> (stdout, stderr) as text."""
+    proc.stdin.close()
+    proc.stdin = None  # so communicate() does not flush what is closed
+    out, err = proc.communicate()
+    return out.decode(errors="replace").strip(), err.decode(errors="replace").strip()
 
 
 # --- compression of pushed layers -------------------------------------------------------------
