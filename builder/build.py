@@ -5,6 +5,23 @@ and independently: one failing never stops the others. Every image gets two tags
 readable one (`verl0.4.1-vllm0.8.4-torch2.6.0-cu124-py3.11`) and that plus the content hash
 of its rendered context; an image whose content tag already exists locally or in the
 registry is not rebuilt, which is also how a rerun after Ctrl-C resumes.
+
+What overlaps (issue #17). The base does not depend on the lock: each distinct base (one per
+--base spec, per CUDA image for nvidia/auto) is resolved once, in the background from the start
+of the run (a debootstrap takes minutes), shared by every combination and thread
+(BaseFutures); a combination waits for it only when it renders, and a base error becomes the
+render-stage error of every combination that needed it. Once the image is built, the push (an
+upload of GBs) and the probe (which runs the local image) run at once. Their record:
+  - the probe's verdicts are always kept (record.probe), whatever the push did;
+  - a failing verdict (fail, timeout) decides: stage probe, status fail, the probe's cause; a
+    push that failed as well is named in the detail (a verdict outranks infrastructure, as in
+    probe_run.record_status);
+  - otherwise a failed push decides, as before the overlap: stage push, status error, its cause
+    (daemon-error; internal-error for a bug in the push path), the probe's outcome in the detail;
+  - otherwise the probe decides (stage probe), or, without --probe, stage build, ok.
+A record claims a digest only when the push succeeded. timings keep push and probe apart and add
+push_probe_wall (the pair's wall time: push + probe - push_probe_wall is what the overlap saved)
+and base_wait (how long the combination waited for its base after its lock).
 """
 
 from __future__ import annotations
@@ -18,6 +35,8 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as WaitTimeout
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -236,17 +255,128 @@ def default_ca_bundle() -> str | None:
     return None
 
 
+class BaseFutures:
+    """The bases builds start FROM, each resolved once and shared (thread-safe memoised futures).
+
+    `resolve(combo)` makes a combination's base; `key(combo)` names which base that is, so
+    combinations with the same key share one resolution (its result or its error). `start`
+    begins a resolution in a thread of its own (so nothing queues behind a running build) and
+    returns its future; calling the object waits for it. `shared(key, thunk)` memoises any other
+    resolution under a key of its own (auto's fallback to the one bootstrap base)."""
+
+    def __init__(self, resolve: Callable[[object], BaseRef], key: Callable[[object], str] | None = None):
+        self.resolve = resolve
+        self.key = key or (lambda combo: combo.id)
+        self._futs: dict[str, Future] = {}
+        self._threads: list[threading.Thread] = []
+        self._lk = threading.Lock()
+
+    def _future(self, key: str, thunk) -> Future:
+        with self._lk:
+            f = self._futs.get(key)
+            if f is not None:
+                return f
+            f = self._futs[key] = Future()
+            # daemon: a run that exits early is never held by it; run() waits for it explicitly
+            t = threading.Thread(target=self._run, args=(f, thunk), name=f"envbuild-base-{len(self._futs)}",
+                                 daemon=True)
+            self._threads.append(t)
+        t.start()
+        return f
+
+    @staticmethod
+    def _run(f: Future, thunk) -> None:
+        if not f.set_running_or_notify_cancel():
+            return
+        try:
+            f.set_result(thunk())
+        except BaseException as e:  # noqa: BLE001 - handed to every waiter, raised there
+            f.set_exception(e)
+
+    def start(self, combo) -> Future:
+        return self._future(self.key(combo), lambda: self.resolve(combo))
+
+    def shared(self, key: str, thunk):
+        return self._future(key, thunk).result()
+
+    def __call__(self, combo) -> BaseRef:
+        return self.start(combo).result()
+
+    def running(self) -> int:
+        with self._lk:
+            return sum(1 for f in self._futs.values() if not f.done())
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for every resolution started; True when none is left running."""
+        with self._lk:
+            threads = list(self._threads)
+        end = None if timeout is None else time.monotonic() + timeout
+        for t in threads:
+            t.join(None if end is None else max(0.0, end - time.monotonic()))
+        return not any(t.is_alive() for t in threads)
+
+
+class _Background:
+    """One call in a thread of its own: (True, result) or (False, the exception) on join(), and
+    the seconds it took."""
+
+    def __init__(self, fn, name: str):
+        self._fn, self._out, self.seconds = fn, None, 0.0
+        self._t = threading.Thread(target=self._run, name=name, daemon=True)
+        self._t.start()
+
+    def _run(self):
+        t = time.monotonic()
+        try:
+            self._out = (True, self._fn())
+        except BaseException as e:  # noqa: BLE001 - re-raised or recorded by the caller
+            self._out = (False, e)
+        self.seconds = time.monotonic() - t
+
+    def alive(self) -> bool:
+        return self._t.is_alive()
+
+    def join(self):
+        self._t.join()
+        return self._out
+
+
 class Builder:
     """Runs the pipeline for one combination at a time; safe to use from several threads.
-    lock_fn / render_fn / probe_fn / engine are injectable (tests use fakes)."""
+    lock_fn / render_fn / base_fn / probe_fn / engine are injectable (tests use fakes). base_fn is
+    a BaseFutures (shared bases) or any callable combo -> Base, which then resolves once per
+    combination, still in the background from prefetch()."""
 
     def __init__(self, opts: Options, engine, *, lock_fn, render_fn, base_fn, probe_fn=None,
                  progress=None, stop: threading.Event | None = None, verdict_cache: VerdictCache | None = None):
         self.o, self.engine = opts, engine
+        if base_fn is not None and not isinstance(base_fn, BaseFutures):
+            base_fn = BaseFutures(base_fn)
         self.lock_fn, self.render_fn, self.base_fn, self.probe_fn = lock_fn, render_fn, base_fn, probe_fn
         self.verdict_cache = verdict_cache
         self.progress = progress or PlainProgress([])
         self.stop = stop or threading.Event()
+
+    def prefetch(self, combos) -> None:
+        """Start resolving the bases of these combinations now: they do not depend on the lock."""
+        if self.base_fn is None:
+            return
+        for c in combos:
+            if self.stop.is_set():
+                return
+            self.base_fn.start(c)
+
+    def _await_base(self, combo) -> BaseRef | None:
+        """The combination's base (raising its resolution's error); None when stopped meanwhile."""
+        f = self.base_fn.start(combo)
+        if not f.done():
+            self.progress.update(combo.id, "waiting for base")
+        while True:
+            try:
+                return f.result(timeout=0.5)
+            except WaitTimeout:
+                if self.stop.is_set():
+                    return None
 
     # The pipeline. Returns the record written, or None when interrupted (no verdict).
     def build_one(self, combo):
@@ -283,11 +413,14 @@ class Builder:
         rec.lock_notes = {k: list(getattr(lr, k, None) or []) for k in ("relaxed", "built_from_source")
                           if getattr(lr, k, None)}
 
-        # 2. base + render
-        self.progress.update(cid, "rendering")
+        # 2. base (resolving since the run started: wait for it) + render
         t = time.monotonic()
         try:
-            base = self.base_fn(combo)
+            base = self._await_base(combo)
+            timings["base_wait"] = round(time.monotonic() - t, 3)
+            if base is None:
+                return finish("render", "error", "interrupted")
+            self.progress.update(cid, "rendering")
             rec.base = base.to_dict()
             if base.kind != "nvidia":
                 # The matrix's CUDA devel image and its glibc describe the nvidia base only: the
@@ -351,41 +484,68 @@ class Builder:
             rec.image["id"] = info.get("Id") or rec.image["id"]
             rec.image["size"] = info.get("Size")
 
-        # 4. push
+        # 4+5. push and probe at once: the upload and the probe of the local image do not wait
+        # for each other. The record's rule is push_probe_outcome (module docstring).
+        push_out = probe_out = None
+        pusher = None
+        wall = time.monotonic()
         if o.push:
-            self.progress.update(cid, "pushing")
-            t = time.monotonic()
-            try:
-                if remote:
-                    rec.image["digest"] = self.engine.remote_digest(content_ref)
-                else:
-                    rec.image["digest"] = self.engine.push(content_ref, compression=o.compression)
-                    self.engine.push(readable_ref, compression=o.compression)
-            except InfraError as e:
-                return finish("push", "error", "daemon-error", str(e))
-            timings["push"] = round(time.monotonic() - t, 3)
-
-        # 5. probe: the CPU levels, then the GPU level where asked (envbuild.probe_run: one path
-        # for every caller, the same outcome -> record rule, verdicts reused by content).
-        if o.probe != "none":
-            self.progress.update(cid, "probing")
-            t = time.monotonic()
-            target = Target(content_ref, combo.engine, expect_of(combo), rec.image.get("id"))
-            try:
-                verdicts = probe_levels(target, PROBE_PLAN[o.probe], probe_fn=self.probe_fn,
-                                        cache=self.verdict_cache, run_id=rec.run_id,
-                                        on_level=lambda lv: self.progress.step(cid, f"probe {lv}"))
-            except InfraError as e:
-                return finish("probe", "error", e.cause, str(e))
-            except EnvbuildError as e:
-                return finish("probe", "error", "probe-error", str(e))
-            timings["probe"] = round(time.monotonic() - t, 3)
+            pusher = _Background(lambda: self._push(content_ref, readable_ref, remote), f"envbuild-push-{cid}")
+        try:
+            if o.probe != "none":
+                self.progress.update(cid, "pushing+probing" if pusher else "probing")
+                t = time.monotonic()
+                probe_out = self._probe(combo, content_ref, rec)
+                timings["probe"] = round(time.monotonic() - t, 3)
+                if pusher and pusher.alive():
+                    self.progress.update(cid, "pushing", "probed")
+            elif pusher:
+                self.progress.update(cid, "pushing")
+        finally:  # a bug in the probe path is raised only once the push is done with
+            if pusher:
+                ok, val = pusher.join()
+                if ok:
+                    push_out = ("ok", val)
+                elif isinstance(val, InfraError):
+                    push_out = ("error", "daemon-error", str(val))
+                elif isinstance(val, Exception):
+                    push_out = ("error", "internal-error", f"{type(val).__name__}: {val}")
+                else:  # KeyboardInterrupt, SystemExit: not the push's outcome to record
+                    raise val
+                timings["push"] = round(pusher.seconds, 3)
+        if push_out and push_out[0] == "ok":
+            rec.image["digest"] = push_out[1]
+        if push_out and probe_out:
+            timings["push_probe_wall"] = round(time.monotonic() - wall, 3)
+        if probe_out and probe_out[0] == "verdicts":
+            verdicts = probe_out[1]
             rec.probe = verdicts
             seen = next((gl for v in verdicts.values() for gl in [(v.get("versions") or {}).get("glibc")] if gl), "")
             if seen.startswith("glibc-"):
                 rec.combo["glibc"] = seen.removeprefix("glibc-")
-            return finish("probe", *record_status(verdicts))
-        return finish("build", "ok")
+        return finish(*push_probe_outcome(push_out, probe_out))
+
+    def _push(self, content_ref: str, readable_ref: str, remote: bool) -> str:
+        """-> the pushed digest. Content already in the registry is not pushed again."""
+        if remote:
+            return self.engine.remote_digest(content_ref)
+        digest = self.engine.push(content_ref, compression=self.o.compression)
+        self.engine.push(readable_ref, compression=self.o.compression)
+        return digest
+
+    def _probe(self, combo, content_ref: str, rec):
+        """The CPU levels, then the GPU level where asked (envbuild.probe_run: one path for every
+        caller, the same outcome -> record rule, verdicts reused by content).
+        -> ("verdicts", {level: verdict}) or ("error", cause, detail) when the probe could not run."""
+        target = Target(content_ref, combo.engine, expect_of(combo), rec.image.get("id"))
+        try:
+            return ("verdicts", probe_levels(target, PROBE_PLAN[self.o.probe], probe_fn=self.probe_fn,
+                                             cache=self.verdict_cache, run_id=rec.run_id,
+                                             on_level=lambda lv: self.progress.step(combo.id, f"probe {lv}")))
+        except InfraError as e:
+            return ("error", e.cause, str(e))
+        except EnvbuildError as e:
+            return ("error", "probe-error", str(e))
 
     def _secret_values(self, lr) -> dict[str, str]:
         vals = {}
@@ -397,17 +557,42 @@ class Builder:
         return vals
 
 
+def push_probe_outcome(push, probe) -> tuple[str, str, str | None, str]:
+    """(stage, status, cause, detail) of a record from what the push and the probe, which ran at
+    once, ended with. push: None (not asked) | ("ok", digest) | ("error", cause, detail);
+    probe: None | ("verdicts", {level: verdict}) | ("error", cause, detail). The rule (module
+    docstring): a failing verdict decides; else a failed push; else the probe; else build ok."""
+    if probe and probe[0] == "verdicts":
+        p_status, p_cause, p_detail = record_status(probe[1])
+        p_said = "probe: " + ", ".join(f"{lv} {v.get('status')}" for lv, v in probe[1].items())
+    elif probe:
+        p_status, p_cause, p_detail = "error", probe[1], probe[2]
+        p_said = f"probe: error {probe[1]}: {probe[2]}"
+    else:
+        p_status = p_cause = p_detail = p_said = None
+    push_failed = bool(push) and push[0] == "error"
+    if p_status == "fail":
+        also = f"\npush failed as well ({push[1]}): {push[2]}" if push_failed else ""
+        return "probe", "fail", p_cause, (p_detail + also)[:4000]
+    if push_failed:
+        also = f"\n{p_said} (kept in this record's probe)" if p_said else ""
+        return "push", "error", push[1], (push[2] + also)[:4000]
+    if p_status is not None:
+        return "probe", p_status, p_cause, p_detail
+    return "build", "ok", None, ""
+
+
 def run_all(builder: Builder, combos, jobs: int) -> tuple[list, bool]:
     """Build every combination with up to `jobs` at once. -> (records, interrupted).
     Ctrl-C stops running builds (killing their clients) and keeps every record written so far."""
     from concurrent.futures import ThreadPoolExecutor
-    from concurrent.futures import TimeoutError as WaitTimeout
 
     records: list = []
     interrupted = False
     pool = ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="envbuild")
     futs: dict = {}
     try:  # submitting inside the try: a Ctrl-C while the first builds already run is caught too
+        builder.prefetch(combos)  # the bases resolve while the locks do
         for c in combos:
             futs[pool.submit(_guarded, builder, c)] = c
         for f, c in futs.items():
@@ -469,27 +654,26 @@ def _render_adapter():
     return lambda combo, lr, base, out: render_combo(combo, lr, base, out)
 
 
-def _base_adapter(engine, spec: str, suite: str, say):
-    cache: dict[str, BaseRef] = {}
-    lk = threading.Lock()
+def _base_adapter(engine, spec: str, suite: str, say) -> BaseFutures:
+    """--base SPEC -> the run's shared bases: one resolution per spec (per CUDA devel image for
+    nvidia and auto), and auto's fallback to the bootstrap base made once for all of them."""
 
-    def fn(combo) -> BaseRef:
-        with lk:
-            key = spec if spec != "nvidia" and spec != "auto" else f"{spec}:{combo.base_image}"
-            if key not in cache:
-                if spec == "auto":
-                    # The CUDA devel image when this engine has or can pull it; else the
-                    # air-gapped path (bootstrap), said out loud and recorded.
-                    ref = combo.base_image
-                    if ref and (engine.image_exists(ref) or _try_pull(engine, ref)):
-                        cache[key] = resolve_base(engine, "nvidia", combo, suite=suite, log=say)
-                    else:
-                        say(f"base: {ref or 'nvidia image'} cannot be pulled here; using the bootstrap base")
-                        cache[key] = bootstrap(engine, suite=suite, log=say)
-                else:
-                    cache[key] = resolve_base(engine, spec, combo, suite=suite, log=say)
-            return cache[key]
-    return fn
+    def key(combo) -> str:
+        return spec if spec not in ("nvidia", "auto") else f"{spec}:{combo.base_image}"
+
+    def resolve(combo) -> BaseRef:
+        if spec == "auto":
+            # The CUDA devel image when this engine has or can pull it; else the
+            # air-gapped path (bootstrap), said out loud and recorded.
+            ref = combo.base_image
+            if ref and (engine.image_exists(ref) or _try_pull(engine, ref)):
+                return resolve_base(engine, "nvidia", combo, suite=suite, log=say)
+            say(f"base: {ref or 'nvidia image'} cannot be pulled here; using the bootstrap base")
+            return bases.shared("bootstrap", lambda: bootstrap(engine, suite=suite, log=say))
+        return resolve_base(engine, spec, combo, suite=suite, log=say)
+
+    bases = BaseFutures(resolve, key)
+    return bases
 
 
 def _try_pull(engine, ref: str) -> bool:
@@ -582,6 +766,14 @@ def run(args) -> int:
             prog.update(c.id, "queued")
         try:
             records, interrupted = run_all(builder, pl.combos, opts.jobs)
+            # A base still resolving (every lock failed first, or Ctrl-C): let it finish, so no
+            # debootstrap is left behind half done (its own cleanup runs); a second Ctrl-C leaves.
+            if builder.base_fn.running():
+                prog.message("waiting for the base resolution started at the beginning of the run")
+                try:
+                    builder.base_fn.wait()
+                except KeyboardInterrupt:
+                    interrupted = True
         finally:
             signal.signal(signal.SIGTERM, old_term)
     rc = summarize(records, opts, interrupted, len(pl.combos), out=out)
