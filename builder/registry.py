@@ -24,12 +24,9 @@ from .image import registry_host
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
-MANIFEST_TYPES = [
-    "application/vnd.docker.distribution.manifest.v2+json",
-    "application/vnd.docker.distribution.manifest.list.v2+json",
-    OCI_MANIFEST,
-    OCI_INDEX,
-]
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"  # Docker image manifest, schema 2
+DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"  # Docker manifest list
+MANIFEST_TYPES = [DOCKER_MANIFEST, DOCKER_LIST, OCI_MANIFEST, OCI_INDEX]
 DEFAULT_TIMEOUT = 20.0
 
 
