@@ -24,6 +24,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -255,7 +256,9 @@ def bootstrap(engine, suite: str = DEFAULT_SUITE, tag: str | None = None, mirror
             if "F" not in handler["flags"]:
                 log(f"base {ref}: note: the handler lacks the F flag, so containers and builds for {platform} "
                     "will not find the interpreter; ci/emulation.sh registers it with F")
+            t = time.monotonic()
             _second_stage(root, sudo, handler)
+            log(f"base {ref}: second stage done ({time.monotonic() - t:.0f} s)")
         _trim(root, sudo)
         # Tar the tree ourselves so ownership and modes survive exactly; docker import reads stdin.
         tar = subprocess.Popen([*sudo, "tar", "-C", str(root), "--numeric-owner", "-cf", "-", "."],
@@ -272,6 +275,7 @@ def bootstrap(engine, suite: str = DEFAULT_SUITE, tag: str | None = None, mirror
             engine.remove(ref)
             raise InfraError("base-import", "tar of the bootstrapped tree failed")
         if foreign:
+            log(f"base {ref}: imported as {platform}")
             return _push(engine, ref, log, "built and pushed")
         log(f"base {ref}: built")
         return Base("bootstrap", ref)
@@ -292,8 +296,9 @@ def _arch_of(engine, ref: str) -> str | None:
 
 
 def _push(engine, ref: str, log, what: str) -> Base:
+    t = time.monotonic()
     digest = engine.push(ref).split("@", 1)[1]
-    log(f"base {ref}: {what} ({digest})")
+    log(f"base {ref}: {what} ({digest}; push {time.monotonic() - t:.0f} s)")
     return Base("bootstrap", ref, digest)
 
 
