@@ -241,8 +241,7 @@ def test_a_bug_in_the_probe_path_waits_for_the_push_then_is_recorded(tmp_path):
     b = make_builder(tmp_path, eng, registry=True, push=True, probe="cpu", probe_fn=probe)
     (r,), _ = B.run_all(b, [combo()], 1)
     assert (r.status, r.cause) == ("error", "internal-error") and "ZeroDivisionError" in r.detail
-    assert set(eng.pushed) == {r"127.0.0.1:5000/envbuild/verl:" + combo().tag,
-                               *[p for p in eng.pushed if p.startswith(f"127.0.0.1:5000/envbuild/verl:{combo().tag}-")]}
+    assert len(eng.pushed) == 2  # both tags: the push was finished before the bug was raised
 
 
 def test_ctrl_c_during_push_and_probe_records_no_verdict(tmp_path):
