@@ -81,12 +81,13 @@ def bake_file(rendered: list[dict], repo_default: str, cache_default: str) -> di
                                  .encode()).hexdigest()
             tname = _target_name(model.combo.id) if name == "final" else f"layer-{name}-{key[:16]}"
             t = {"context": str(ctx), "dockerfile-inline": text, "secret": list(secrets),
+                 "platforms": [model.combo.platform],
                  "cache-from": [f"type=registry,ref=${{ENVBUILD_CACHE}}:{tname}"],
                  "cache-to": [f"type=registry,ref=${{ENVBUILD_CACHE}}:{tname},mode=max"]}
             if parent_target:
                 t["contexts"] = {f"envbuild-{parent_target[0]}": f"target:{parent_target[1]}"}
             if name == "final":
-                content, readable = image.image_refs("${ENVBUILD_REPOSITORY}", model.combo.tag, r["content_hash"])
+                content, readable = image.image_refs("${ENVBUILD_REPOSITORY}", model.combo.id, r["content_hash"])
                 t["tags"] = [content, readable]
                 # created is the build's time, not the bake file's: buildx sets it on the image config.
                 t["labels"] = {k: v for k, v in image.build_labels(

@@ -42,6 +42,10 @@ WORKFLOW_FILE = Path("workflows") / "envbuild-nightly.yml"
 ACTIONLINT_FILE = Path("actionlint.yaml")
 DEFAULT_GPU_LABELS = ("self-hosted", "linux", "x64", "gpu")
 DEFAULT_BUILD_RUNNER = "ubuntu-latest"
+# arm64 rows build natively on GitHub's arm64 runner (no emulation) and probe on arm64 GPU hosts
+# (GH200/GB200 nodes as self-hosted runners).
+DEFAULT_ARM64_GPU_LABELS = ("self-hosted", "linux", "arm64", "gpu")
+DEFAULT_ARM64_BUILD_RUNNER = "ubuntu-24.04-arm"
 # The workflow names the matrix by its path in the repository: an installed envbuild's bundled
 # copy is not what a candidate run patches (`git apply`) or what the reviewers edit.
 DEFAULT_WORKFLOW_MATRIX = "matrix/verl.yaml"
@@ -61,11 +65,12 @@ ACTIONS = {"checkout": "actions/checkout@v5", "python": "actions/setup-python@v6
 def combo_selectors(c) -> str:
     """Selectors naming exactly one combination (every axis given)."""
     eng = "--hf" if c.engine == "hf" else f"--{c.engine} {c.engine_version}"
-    return f"--verl {c.verl} {eng} --torch {c.torch} --cuda {c.cuda} --python {c.python}"
+    return f"--verl {c.verl} {eng} --torch {c.torch} --cuda {c.cuda} --python {c.python} --platform {c.platform}"
 
 
 def matrix_json(pl) -> dict:
-    return {"include": [{"id": c.id, "cuda": c.cuda, "selectors": combo_selectors(c)} for c in pl.combos]}
+    return {"include": [{"id": c.id, "cuda": c.cuda, "platform": c.platform, "selectors": combo_selectors(c)}
+                        for c in pl.combos]}
 
 
 # ---------------------------------------------------------------- GitHub Actions
@@ -173,7 +178,23 @@ df -h /
 HISTORY_KEEP = 60  # earlier tables kept in history/ (two months of nights)
 
 
-def workflow(m, matrix_arg: str, gpu_labels: list[str], build_runner: str) -> dict:
+def _runs_on(m, per_platform: dict[str, object]) -> object:
+    """runs-on for a job of the matrix: the platform's runner; with several platforms, an
+    expression on the row's platform (a label, or a list of labels through fromJSON)."""
+    plats = [p for p in m.platforms if p in per_platform]
+    if len(plats) == 1:
+        return per_platform[plats[0]]
+
+    def lit(v):
+        return f"'{v}'" if isinstance(v, str) else "fromJSON('" + json.dumps(list(v), separators=(",", ":")) + "')"
+    *rest, last = plats
+    return "${{ " + " || ".join([f"matrix.platform == '{p}' && {lit(per_platform[p])}" for p in rest]
+                                + [lit(per_platform[last])]) + " }}"
+
+
+def workflow(m, matrix_arg: str, gpu_labels: list[str], build_runner: str,
+             arm64_gpu_labels: list[str] = list(DEFAULT_ARM64_GPU_LABELS),
+             arm64_build_runner: str = DEFAULT_ARM64_BUILD_RUNNER) -> dict:
     """The workflow as plain data. Only the matrix's axes (for the manual trigger's choices)
     and the options go in; the plan itself is computed at run time by the plan job."""
     mx = f" --matrix {matrix_arg}" if matrix_arg else ""
@@ -267,7 +288,7 @@ envbuild ci probe{mx} "${{sel[@]}}" --results results --levels contract,gpu || [
                 "name": "build ${{ matrix.id }}",
                 "needs": "plan",
                 "if": "needs.plan.outputs.count != '0'",
-                "runs-on": build_runner,
+                "runs-on": _runs_on(m, {"linux/arm64": arm64_build_runner, "linux/amd64": build_runner}),
                 "permissions": {"contents": "read", "packages": "write"},
                 "timeout-minutes": 240,
                 "strategy": matrix_strategy,
@@ -292,7 +313,7 @@ envbuild ci probe{mx} "${{sel[@]}}" --results results --levels contract,gpu || [
                 "name": "probe ${{ matrix.id }}",
                 "needs": ["plan", "build"],
                 "if": "always() && needs.plan.outputs.count != '0'",
-                "runs-on": list(gpu_labels),
+                "runs-on": _runs_on(m, {"linux/arm64": list(arm64_gpu_labels), "linux/amd64": list(gpu_labels)}),
                 "permissions": {"contents": "read", "packages": "read"},
                 "timeout-minutes": 120,
                 "strategy": matrix_strategy,
@@ -382,9 +403,11 @@ def _out_opt(out: str) -> str:
     return "" if Path(out) == Path(DEFAULT_OUT) else f" --out {out}"
 
 
-def render_workflow(m, matrix_arg: str, out: str, gpu_labels: list[str], build_runner: str) -> str:
+def render_workflow(m, matrix_arg: str, out: str, gpu_labels: list[str], build_runner: str,
+                    arm64_gpu_labels: list[str] = list(DEFAULT_ARM64_GPU_LABELS),
+                    arm64_build_runner: str = DEFAULT_ARM64_BUILD_RUNNER) -> str:
     head = HEADER.format(matrix=matrix_arg, opt=_out_opt(out))
-    return head + _yaml_dump(workflow(m, matrix_arg, gpu_labels, build_runner))
+    return head + _yaml_dump(workflow(m, matrix_arg, gpu_labels, build_runner, arm64_gpu_labels, arm64_build_runner))
 
 
 # ---------------------------------------------------------------- CLI
@@ -403,6 +426,11 @@ def add_arguments(p) -> None:
     g.add_argument("--build-runner", default=DEFAULT_BUILD_RUNNER,
                    help=f"runner for the build and the other non-GPU jobs; a larger runner for ~8 GB "
                         f"images (default: {DEFAULT_BUILD_RUNNER}, whose build job frees disk first)")
+    g.add_argument("--arm64-runner-label", action="append", dest="arm64_runner_labels", metavar="LABEL",
+                   help="label of the arm64 GPU runners probing linux/arm64 rows, repeatable "
+                        f"(default: {', '.join(DEFAULT_ARM64_GPU_LABELS)})")
+    g.add_argument("--arm64-build-runner", default=DEFAULT_ARM64_BUILD_RUNNER,
+                   help=f"runner building linux/arm64 rows natively (default: {DEFAULT_ARM64_BUILD_RUNNER})")
     g.add_argument("--check", action="store_true", help="exit 1 if the file on disk differs (write nothing)")
     b = sub.add_parser("bake", help="write docker-bake.json for the plan")
     add_selector_args(b)
@@ -474,11 +502,14 @@ def _run_github(args) -> int:
         mpath = default_matrix().parent.parent / args.matrix  # run from elsewhere: the source tree's copy
     m = load_matrix(mpath if mpath.is_file() else default_matrix())
     labels = args.runner_labels or list(DEFAULT_GPU_LABELS)
-    for lb in labels + [args.build_runner]:
+    arm_labels = args.arm64_runner_labels or list(DEFAULT_ARM64_GPU_LABELS)
+    for lb in labels + arm_labels + [args.build_runner, args.arm64_build_runner]:
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", lb):
             raise InputError("command line", None, "--runner-label", lb, "not a runner label")
-    files = {Path(args.out) / WORKFLOW_FILE: render_workflow(m, args.matrix or "", args.out, labels, args.build_runner),
-             Path(args.out) / ACTIONLINT_FILE: render_actionlint_config(labels, args.out)}
+    custom = list(dict.fromkeys(labels + (arm_labels if "linux/arm64" in m.platforms else [])))
+    files = {Path(args.out) / WORKFLOW_FILE: render_workflow(m, args.matrix or "", args.out, labels, args.build_runner,
+                                                             arm_labels, args.arm64_build_runner),
+             Path(args.out) / ACTIONLINT_FILE: render_actionlint_config(custom, args.out)}
     if args.check:
         stale = [p for p, text in files.items() if (p.read_text() if p.is_file() else None) != text]
         for p in stale:

@@ -224,11 +224,13 @@ def pytorch_index_url(root: str, variant: str) -> str:
     return check_index_url(f"{root.rstrip('/')}/{variant}", PYTORCH_INDEX_ENV)
 
 
-def torch_source(variant: str, torch_version: str, meta: "Metadata", root: str | None = None) -> TorchSource:
+def torch_source(variant: str, torch_version: str, meta: "Metadata", root: str | None = None,
+                 machine: str = "x86_64") -> TorchSource:
     """Where torch for `variant` comes from: the default index when the variant is that release's
-    default build, else the PyTorch index of the variant under ENVBUILD_PYTORCH_INDEX, the matrix's
-    `pytorch_index` (`root`) or the public PyTorch index, in that order."""
-    default = meta.default_cuda(torch_version)
+    default build on this machine (x86_64 and aarch64 defaults differ: torch 2.9's aarch64 wheel on
+    the default index is a CPU build), else the PyTorch index of the variant under
+    ENVBUILD_PYTORCH_INDEX, the matrix's `pytorch_index` (`root`) or the public PyTorch index."""
+    default = meta.default_cuda(torch_version, machine)
     if default == variant:
         return TorchSource(variant, default, None)
     return TorchSource(variant, default, pytorch_index_url(pytorch_root(root), variant))
@@ -398,6 +400,28 @@ def _wheel_rank(filename: str) -> int:
     return score
 
 
+def wheel_machines(filenames) -> list[str]:
+    """Linux machines the wheels among `filenames` install on: `x86_64`, `aarch64`, ... and `any`
+    for a pure-Python (or any-platform) wheel. Wheels for other systems are left out."""
+    from packaging.utils import parse_wheel_filename
+
+    out = set()
+    for fn in filenames:
+        if not fn.endswith(".whl"):
+            continue
+        try:
+            tags = parse_wheel_filename(fn)[3]
+        except Exception:  # noqa: BLE001 - a foreign file name says nothing
+            continue
+        for t in tags:
+            if t.platform == "any":
+                out.add("any")
+            elif t.platform.startswith(("manylinux", "musllinux", "linux")):
+                out.add(t.platform.split("_", 1)[1] if t.platform.startswith("linux_") else
+                        re.sub(r"^(?:manylinux|musllinux)(?:_\d+_\d+|1|2010|2014)_", "", t.platform))
+    return sorted(out)
+
+
 class Metadata:
     """Answers metadata questions for the planner and the locker.
 
@@ -497,6 +521,7 @@ class Metadata:
         if not files:
             raise EnvbuildError(f"{name} {version} is not on the index ({redact(self.index)})")
         released = min((f["upload-time"] for f in files if f.get("upload-time")), default="")
+        machines = wheel_machines(f["filename"] for f in files)
         best = min(files, key=lambda f: _wheel_rank(f["filename"]))
         if not best["filename"].endswith(".whl"):
             raise InfraError("metadata-missing", f"{name} {version} has no wheel to read metadata from")
@@ -513,15 +538,17 @@ class Metadata:
             "requires_python": msg.get("Requires-Python") or "",
             "provides_extra": msg.get_all("Provides-Extra") or [],
             "released": released,
+            "wheel_machines": machines,
         }
 
     # -- questions -----------------------------------------------------------------------
 
-    def requires(self, name: str, version: str, extras: tuple[str, ...] = ()) -> list:
-        """Requirements that apply on Linux x86_64 CPython 3.11 with the given extras."""
+    def requires(self, name: str, version: str, extras: tuple[str, ...] = (), machine: str = "x86_64") -> list:
+        """Requirements that apply on Linux `machine` CPython 3.11 with the given extras (read from
+        the release's x86_64 wheel: its markers say what other machines get)."""
         from packaging.requirements import Requirement
 
-        env = {"sys_platform": "linux", "platform_machine": "x86_64", "platform_system": "Linux",
+        env = {"sys_platform": "linux", "platform_machine": machine, "platform_system": "Linux",
                "python_version": "3.11", "python_full_version": "3.11.0", "implementation_name": "cpython",
                "platform_python_implementation": "CPython", "os_name": "posix"}
         out = []
@@ -533,6 +560,32 @@ class Metadata:
 
     def requires_python(self, name: str, version: str) -> str:
         return self.get(name, version)["requires_python"]
+
+    def wheel_machines(self, name: str, version: str) -> list[str] | None:
+        """The machines the release has wheels for (`any` for a pure-Python wheel); [] when it has
+        sdists only; None when unknown (a record made before this was recorded, read offline)."""
+        try:
+            rec = self.get(name, version)
+        except InfraError:  # not recorded and offline: unknown, which excludes nothing
+            return None
+        if "wheel_machines" in rec:
+            return rec["wheel_machines"]
+        if not self.online:
+            return None
+        from packaging.utils import parse_sdist_filename, parse_wheel_filename
+        from packaging.version import Version
+
+        want, names = Version(version), []
+        for f in self.files(name):
+            fn = f["filename"]
+            try:
+                v = parse_wheel_filename(fn)[1] if fn.endswith(".whl") else parse_sdist_filename(fn)[1]
+            except Exception:  # noqa: BLE001 - foreign file names are skipped
+                continue
+            if v == want and not f.get("yanked"):
+                names.append(fn)
+        rec["wheel_machines"] = wheel_machines(names)
+        return rec["wheel_machines"]
 
     def released(self, name: str, version: str) -> str:
         return self.get(name, version)["released"]
@@ -557,9 +610,9 @@ class Metadata:
                     return pins[0]
         return None
 
-    def default_cuda(self, torch_version: str) -> str:
-        """The CUDA variant of this torch release's wheels on the default index."""
-        for r in self.requires("torch", torch_version):
+    def default_cuda(self, torch_version: str, machine: str = "x86_64") -> str:
+        """The CUDA variant of this torch release's wheels for `machine` on the default index."""
+        for r in self.requires("torch", torch_version, machine=machine):
             n = _norm(r.name)
             m = re.match(r"^nvidia-cuda-runtime(-cu\d+)?$", n) or (n == "cuda-toolkit" and n)
             if m:

@@ -54,6 +54,7 @@ from .index import Metadata, TorchSource, default_index_url, redact, torch_sourc
 from .matrix import Combo, Matrix, add_selector_args, matrix_from_args, plan_from_args
 
 from .paths import cache_dir
+from .vocab import DEFAULT_PLATFORM, platform_machine
 
 LAYERS = ("torch", "engine", "verl")
 # Build backends an sdist commonly asks for; pinned as of the era in the build constraints.
@@ -121,20 +122,22 @@ def era(dates: list[str], grace_days: int) -> str:
     return (newest + dt.timedelta(days=grace_days)).strftime("%Y-%m-%d")
 
 
-def platform_tag(glibc: str) -> str:
-    return f"x86_64-manylinux_{glibc.replace('.', '_')}"
+def platform_tag(glibc: str, platform: str = DEFAULT_PLATFORM) -> str:
+    """uv's --python-platform for an image: `x86_64-manylinux_2_35`, `aarch64-manylinux_2_35`."""
+    return f"{platform_machine(platform)}-manylinux_{glibc.replace('.', '_')}"
 
 
-def _marker_env(python: str) -> dict:
-    return {"sys_platform": "linux", "platform_machine": "x86_64", "platform_system": "Linux",
+def _marker_env(python: str, platform: str = DEFAULT_PLATFORM) -> dict:
+    return {"sys_platform": "linux", "platform_machine": platform_machine(platform), "platform_system": "Linux",
             "python_version": python, "python_full_version": f"{python}.0", "implementation_name": "cpython",
             "platform_python_implementation": "CPython", "os_name": "posix", "platform_release": "",
             "platform_version": "", "implementation_version": f"{python}.0"}
 
 
-def exact_pins(requires_dist: list[str], python: str, extras: tuple[str, ...] = ()) -> dict[str, str]:
+def exact_pins(requires_dist: list[str], python: str, extras: tuple[str, ...] = (),
+               platform: str = DEFAULT_PLATFORM) -> dict[str, str]:
     """{name: version} of the requirements pinned with `==` that apply on the image's platform."""
-    env = _marker_env(python)
+    env = _marker_env(python, platform)
     out = {}
     for line in requires_dist:
         r = Requirement(line)
@@ -210,12 +213,15 @@ def split_layers(full: dict[str, tuple[str, str]], torch_pins: dict[str, str],
     return out
 
 
-def wheel_tags(python: str, glibc: str) -> set:
-    """The wheel tags an image with CPython `python` on glibc `glibc` (x86_64) installs."""
+def wheel_tags(python: str, glibc: str, platform: str = DEFAULT_PLATFORM) -> set:
+    """The wheel tags an image with CPython `python` on glibc `glibc` for `platform` installs."""
     major, minor = (int(x) for x in python.split("."))
     gmaj, gmin = (int(x) for x in glibc.split("."))
-    plats = [f"manylinux_{gmaj}_{m}_x86_64" for m in range(gmin, 4, -1)]
-    plats += ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64"]
+    m_ = platform_machine(platform)
+    plats = [f"manylinux_{gmaj}_{m}_{m_}" for m in range(gmin, 4, -1)]
+    # The legacy aliases: manylinux2014 = 2_17 (both machines), 2010 and 1 (x86_64 only).
+    plats += [f"manylinux2014_{m_}", f"linux_{m_}"] + (["manylinux2010_x86_64", "manylinux1_x86_64"]
+                                                        if m_ == "x86_64" else [])
     return set(cpython_tags((major, minor), platforms=plats)) | set(compatible_tags((major, minor), platforms=plats))
 
 
@@ -262,7 +268,7 @@ class Locker:
 
     def lock(self, c: Combo, out_dir: str | os.PathLike | None = None) -> LockResult:
         try:
-            src = torch_source(c.cuda, c.torch, self.meta, self.matrix.pytorch_index)
+            src = torch_source(c.cuda, c.torch, self.meta, self.matrix.pytorch_index, platform_machine(c.platform))
         except InfraError as e:
             return LockResult(c, e.cause, e.message)
         res = LockResult(c, "ok", torch_index=redact(src.url) if src.url else "default")
@@ -274,7 +280,7 @@ class Locker:
         except EnvbuildError as e:  # a release that is not on the index
             return LockResult(c, "unsatisfiable", str(e), torch_index=res.torch_index)
         res.era = when
-        key = _sha(json.dumps({"reqs": reqs, "era": when, "python": c.python, "platform": platform_tag(c.glibc),
+        key = _sha(json.dumps({"reqs": reqs, "era": when, "python": c.python, "platform": platform_tag(c.glibc, c.platform),
                                "torch_index": res.torch_index, "uv": self.uv_version, "v": 2,
                                "no_build": self.no_build, "allow_build": self.allow_build}))
         d, cached = self._cached(key, lambda: self._resolve(reqs, when, c, src))
@@ -288,14 +294,14 @@ class Locker:
         res.build_constraints = d.get("build_constraints", "")
         full = parse_lock(text)
         try:
-            torch_pins = exact_pins(self._torch_requires(src, full["torch"][0]), c.python)
+            torch_pins = exact_pins(self._torch_requires(src, full["torch"][0]), c.python, platform=c.platform)
             engine_pins = (exact_pins(self.meta.get(c.engine, c.engine_version)["requires_dist"], c.python,
-                                      self.meta.engine_extras(c.engine, c.engine_version))
+                                      self.meta.engine_extras(c.engine, c.engine_version), c.platform)
                            if c.engine != "hf" else {})
         except InfraError as e:
             res.status, res.detail = e.cause, e.message
             return res
-        plat = platform_tag(c.glibc)
+        plat = platform_tag(c.glibc, c.platform)
         headers = {
             # The torch and engine headers name only what fixes their content, so combinations share them.
             "torch": f"# envbuild torch layer: torch {full['torch'][0]} and what it pins exactly\n"
@@ -410,7 +416,7 @@ class Locker:
         """Find the pins that have no wheel for the image (from uv's pylock.toml of the same
         resolution: no request of ours); pin their builds or refuse them."""
         when = d["era"]
-        tags = wheel_tags(c.python, c.glibc)
+        tags = wheel_tags(c.python, c.glibc, c.platform)
         if pl["status"] != "ok":
             return pl
         built = []
@@ -427,7 +433,7 @@ class Locker:
         if self.no_build and refused:
             return {"status": "needs-build", "relaxed": d.get("relaxed", []), "text":
                     f"{', '.join(refused)} ha{'s' if len(refused) == 1 else 've'} no wheel for CPython {c.python} "
-                    f"on {platform_tag(c.glibc)}: building from source is refused (--no-build); allow a "
+                    f"on {platform_tag(c.glibc, c.platform)}: building from source is refused (--no-build); allow a "
                     f"package with --allow-build NAME, or drop --no-build to build it with pinned build "
                     f"dependencies"}
         # Build constraints: this resolution's pins, then the common backends as of the era.
@@ -460,7 +466,7 @@ class Locker:
             # Relative names, run in the folder: uv's `# via -r requirements.in` is then the
             # same bytes in every run (the full lock's hash must not depend on a temp path).
             cmd = [uv_exe(), "pip", "compile", inp.name, "-o", outp.name, "--no-header",
-                   "--python-version", c.python, "--python-platform", platform_tag(c.glibc), "--quiet"]
+                   "--python-version", c.python, "--python-platform", platform_tag(c.glibc, c.platform), "--quiet"]
             cmd += ["--generate-hashes"] if hashes else []
             cmd += ["--format", "pylock.toml"] if fmt == "pylock" else []
             cmd += ["--exclude-newer", when] if when else []

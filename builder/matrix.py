@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable
 
 from . import yamlsafe
 from .errors import InputError
-from .vocab import parse_cuda
+from .vocab import DEFAULT_PLATFORM, PLATFORMS, parse_cuda, platform_arch, platform_machine
 from .index import Metadata
 from .paths import default_matrix
 from .selector import Selectors, add_selector_args, narrow, selectors_from_args, version_matches  # noqa: F401 - re-exported
@@ -38,6 +38,7 @@ VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.!+_-]{0,63}\Z")
 TOOLKIT_RE = re.compile(r"\d{1,2}\.\d{1,2}\Z", re.ASCII)
 GLIBC_RE = re.compile(r"2\.\d{1,3}\Z", re.ASCII)
 PYTHON_RE = re.compile(r"3\.\d{1,2}\Z", re.ASCII)
+PLATFORM_RE = re.compile("(?:" + "|".join(PLATFORMS) + r")\Z")
 ENGINE_RE = re.compile("(?:" + "|".join(ENGINES) + r")\Z")
 MAX_STR = 256  # any other string field (specifiers, reasons, image references)
 # A matrix is a few KB; these bounds stop hostile YAML long before it costs time or memory.
@@ -71,6 +72,7 @@ class Combo:
     base_image: str = field(default="", compare=False)
     glibc: str = field(default="", compare=False)
     note: str = field(default="", compare=False)  # e.g. planned although a matrix rule excludes it
+    platform: str = DEFAULT_PLATFORM  # linux/amd64 | linux/arm64 (vocab.PLATFORMS)
 
     @property
     def engine_label(self) -> str:
@@ -83,10 +85,12 @@ class Combo:
 
     @property
     def id(self) -> str:
-        return self.tag
+        """One image's name: the tag, plus the platform for all but the default one (so ids made
+        before the platform axis, and the records and tables that hold them, keep meaning the same)."""
+        return self.tag if self.platform == DEFAULT_PLATFORM else f"{self.tag}-{platform_arch(self.platform)}"
 
     def hashed_tag(self, content_hash: str) -> str:
-        return content_tag(self.tag, content_hash)
+        return content_tag(self.id, content_hash)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -121,12 +125,14 @@ class Matrix:
     exclude: list[ExcludeRule]
     lines: dict[tuple, int] = field(default_factory=dict, repr=False)
     pytorch_index: str | None = None  # a mirror of the PyTorch index (root of cu126/, ...)
+    platforms: list[str] = field(default_factory=lambda: [DEFAULT_PLATFORM])
 
 
 @dataclass(frozen=True)
 class Excluded:
     combo: Combo
     reason: str
+    by_rule: bool = False  # a matrix rule (an opinion: naming the pair plans it anyway), not a fact
 
 
 @dataclass
@@ -203,6 +209,9 @@ class _Checker:
     def cuda(self, v, p) -> str:
         return self.string(v, p, CUDA_RE, "a CUDA tag of the form cuNNN")
 
+    def platform(self, v, p) -> str:
+        return self.string(v, p, PLATFORM_RE, "a platform: " + ", ".join(PLATFORMS))
+
     def lst(self, v, p, item: Callable) -> list:
         if not isinstance(v, list) or not v:
             self.fail(p, v, "expected a non-empty list")
@@ -217,9 +226,10 @@ class _Checker:
         return v
 
 
-TOP_KEYS = {"schema", "repository", "image", "grace_days", "python", "cuda", "torch", "engines", "verl", "include", "exclude", "pytorch_index"}
+TOP_KEYS = {"schema", "repository", "image", "grace_days", "python", "cuda", "torch", "engines", "verl", "include",
+            "exclude", "pytorch_index", "platforms"}
 PYTORCH_INDEX_RE = re.compile(r"https?://[A-Za-z0-9._~:/@!&+,=%-]+")
-AXES = ("cuda", "python", "torch", "engine", "vllm", "sglang", "verl")
+AXES = ("cuda", "python", "torch", "engine", "vllm", "sglang", "verl", "platform")
 
 
 def load_matrix(path: str | Path) -> Matrix:
@@ -257,6 +267,9 @@ def load_matrix(path: str | Path) -> Matrix:
             c.fail(p + ("toolkit",), spec["toolkit"], f"does not match the variant name {name}")
 
     python = c.lst(data["python"], ("python",), lambda v, p: c.string(v, p, PYTHON_RE, "a Python version 3.N"))
+    platforms = c.lst(data.get("platforms", [DEFAULT_PLATFORM]), ("platforms",), c.platform)
+    if len(set(platforms)) != len(platforms):
+        c.fail(("platforms",), platforms, "lists a platform twice")
     torch_axis = data.get("torch", "auto")
     torch = None if torch_axis == "auto" else c.lst(torch_axis, ("torch",), c.version)
 
@@ -278,6 +291,8 @@ def load_matrix(path: str | Path) -> Matrix:
             return c.string(v, p, ENGINE_RE, "an engine: " + ", ".join(ENGINES))
         if k == "python":
             return c.string(v, p, PYTHON_RE, "a Python version 3.N")
+        if k == "platform":
+            return c.platform(v, p)
         return c.version(v, p)
 
     include = []
@@ -291,9 +306,12 @@ def load_matrix(path: str | Path) -> Matrix:
             c.fail(p + ("engine",), d["engine"], f"an engine needs its version: write `{d['engine']}: X.Y.Z`")
         if "cuda" in d and d["cuda"] not in cuda:
             c.fail(p + ("cuda",), d["cuda"], f"unknown CUDA variant (the matrix declares {', '.join(cuda)})")
+        if "platform" in d and d["platform"] not in platforms:
+            c.fail(p + ("platform",), d["platform"], f"not a platform of this matrix (it declares {', '.join(platforms)})")
         include.append(d)
 
-    raw = (len(verl) * sum(map(len, engines.values())) + len(include)) * len(cuda) * len(python) * len(torch or [1])
+    raw = ((len(verl) * sum(map(len, engines.values())) + len(include)) * len(cuda) * len(python) * len(torch or [1])
+           * len(platforms))
     if raw > MAX_RAW_COMBINATIONS:
         c.fail((), raw, f"the axes expand to {raw} combinations, more than {MAX_RAW_COMBINATIONS}: split the matrix")
 
@@ -308,7 +326,7 @@ def load_matrix(path: str | Path) -> Matrix:
         for k, v in ex.items():
             if k == "reason":
                 continue
-            if k in ("cuda", "engine", "python"):
+            if k in ("cuda", "engine", "python", "platform"):
                 match[k] = axis_value(k, v, p + (k,))
             else:
                 match[k] = c.specifier(v, p + (k,))
@@ -322,7 +340,8 @@ def load_matrix(path: str | Path) -> Matrix:
     if "image" in data:  # warned only for a matrix that loads: a bad one gets its one error line
         import sys
         print(f"warning: {path}:{lines.get(('image',))}: `image:` is deprecated, write `repository:`", file=sys.stderr)
-    return Matrix(path, repository, grace, python, cuda, torch, engines, verl, include, exclude, lines, pytorch_index=pt)
+    return Matrix(path, repository, grace, python, cuda, torch, engines, verl, include, exclude, lines, pytorch_index=pt,
+                  platforms=platforms)
 
 
 # --------------------------------------------------------------------------- expansion
@@ -348,7 +367,7 @@ def _nothing_planned(pl: Plan, sel: Selectors) -> str:
         return "no combination matches (see `envbuild plan` for what the matrix declares)"
     first = pl.excluded[0]
     more = f" (and {len(pl.excluded) - 1} more: `envbuild plan --all` lists them)" if len(pl.excluded) > 1 else ""
-    how = ("" if sel.explicit() else
+    how = ("" if sel.explicit() or not any(e.by_rule for e in pl.excluded) else
            "; to judge an excluded pair anyway, name its verl and engine versions (--verl V --vllm V)")
     return f"excluded: {first.combo.id}: {first.reason}{more}{how}"
 
@@ -366,7 +385,7 @@ def _spec_match(spec: str, version: str) -> bool:
 
 def _rule_matches(rule: ExcludeRule, c: Combo) -> bool:
     for k, v in rule.match.items():
-        if k in ("cuda", "python", "engine"):
+        if k in ("cuda", "python", "engine", "platform"):
             if getattr(c, k) != v:
                 return False
         elif k in ("vllm", "sglang"):
@@ -396,19 +415,22 @@ def plan(m: Matrix, sel: Selectors | None = None, meta=None) -> Plan:
             raise InputError(m.path, m.lines.get(("cuda",)), "cuda", cu,
                              f"unknown CUDA variant (the matrix declares {', '.join(m.cuda)})")
     pythons = [sel.python] if sel.python else m.python
+    platforms = [sel.platform] if sel.platform else m.platforms
     verls = narrow(sel.verl, m.verl)
     torch_axis = narrow(sel.torch, m.torch) if m.torch else None
     explicit = sel.explicit()
 
-    # raw combinations as plain tuples: (verl, engine, engine version, cuda, python, forced torch)
-    raw: list[tuple] = [(verl, eng, ev, cu, py, None)
-                        for (eng, versions), verl, cu, py in itertools.product(engines.items(), verls, cudas, pythons)
+    # raw combinations as plain tuples: (verl, engine, engine version, cuda, python, forced torch, platform)
+    raw: list[tuple] = [(verl, eng, ev, cu, py, None, pf)
+                        for (eng, versions), verl, cu, py, pf in itertools.product(engines.items(), verls, cudas,
+                                                                                   pythons, platforms)
                         for ev in versions]
     for inc in m.include:
         eng = "vllm" if "vllm" in inc else "sglang" if "sglang" in inc else inc.get("engine", "hf")
         for cu in [inc["cuda"]] if inc.get("cuda") else cudas:
             for py in [inc["python"]] if inc.get("python") else pythons:
-                raw.append((inc["verl"], eng, inc.get(eng, ""), cu, py, inc.get("torch")))
+                for pf in [inc["platform"]] if inc.get("platform") else platforms:
+                    raw.append((inc["verl"], eng, inc.get(eng, ""), cu, py, inc.get("torch"), pf))
 
     combos: list[Combo] = []
     excluded: list[Excluded] = []
@@ -416,18 +438,18 @@ def plan(m: Matrix, sel: Selectors | None = None, meta=None) -> Plan:
     seen: set[tuple] = set()
     why_not = _Excluder(m, meta)
     torch_memo: dict[tuple, tuple[list[str], str | None]] = {}
-    for verl, eng, ev, cu, py, forced in raw:
+    for verl, eng, ev, cu, py, forced, pf in raw:
         tk = (eng, ev, forced)
         if tk not in torch_memo:
             torch_memo[tk] = _torch_for(eng, ev, forced, torch_axis, sel.torch, meta)
         torches, why = torch_memo[tk]
         cv = m.cuda[cu]
         for t in torches:
-            key = (verl, eng, ev, t, cu, py)
+            key = (verl, eng, ev, t, cu, py, pf)
             if key in seen:
                 continue
             seen.add(key)
-            combo = Combo(verl, eng, ev, t, cu, py, cv.toolkit, cv.base, cv.glibc)
+            combo = Combo(verl, eng, ev, t, cu, py, cv.toolkit, cv.base, cv.glibc, platform=pf)
             fact = why or why_not.facts(combo)
             rule = None if fact else why_not.rule(combo)
             if rule and explicit and sel.matches_combo(combo):
@@ -437,7 +459,7 @@ def plan(m: Matrix, sel: Selectors | None = None, meta=None) -> Plan:
                 warnings.append(f"{combo.id} is excluded by a matrix rule ({rule}); planned because it was asked for")
                 rule = None
             if fact or rule:
-                excluded.append(Excluded(combo, fact or rule))
+                excluded.append(Excluded(combo, fact or rule, by_rule=not fact))
             else:
                 combos.append(combo)
 
@@ -448,7 +470,7 @@ def plan(m: Matrix, sel: Selectors | None = None, meta=None) -> Plan:
 
 
 def _order(c: Combo) -> tuple:
-    return (c.verl, c.engine, c.engine_version, c.torch, c.cuda, c.python)
+    return (c.verl, c.engine, c.engine_version, c.torch, c.cuda, c.python, c.platform)
 
 
 def _torch_for(engine: str, version: str, forced: str | None, torch_axis: list[str] | None,
@@ -498,10 +520,11 @@ class _Excluder:
         return None
 
     def facts(self, c: Combo) -> str | None:
-        """What the metadata rules out (no torch build for the variant, Python bounds): facts."""
-        return self._facts(c.cuda, c.torch, c.python, c.verl, c.engine, c.engine_version)
+        """What the metadata rules out (no torch build for the variant, Python bounds, no wheel for
+        the platform): facts."""
+        return self._facts(c.cuda, c.torch, c.python, c.verl, c.engine, c.engine_version, c.platform)
 
-    def _facts(self, cuda, torch, python, verl, engine, engine_version) -> str | None:
+    def _facts(self, cuda, torch, python, verl, engine, engine_version, platform) -> str | None:
         memo = self.memo
         k1, k2, k3 = ("cuda", cuda, torch, python), (verl, "verl", python), (engine_version, engine, python)
         if k1 not in memo:
@@ -514,7 +537,24 @@ class _Excluder:
             return memo[k2]
         if k3 not in memo:
             memo[k3] = self._fact(engine, engine_version, python)
-        return memo[k3]
+        if memo[k3] or platform == DEFAULT_PLATFORM:
+            return memo[k3]
+        for pkg, ver in (("torch", torch), (engine, engine_version), ("verl", verl)):
+            k = ("platform", pkg, ver, platform)
+            if k not in memo:
+                memo[k] = self._platform_fact(pkg, ver, platform) if ver and ver != "?" and pkg != "hf" else None
+            if memo[k]:
+                return memo[k]
+        return None
+
+    def _platform_fact(self, pkg, ver, platform) -> str | None:
+        """A release whose wheels are all for other machines (binary, no pure wheel) has none for
+        this platform: building it from source is not planned (vLLM, torch: hours and a toolkit)."""
+        have = self.meta.wheel_machines(pkg, ver)
+        machine = platform_machine(platform)
+        if not have or "any" in have or machine in have:
+            return None  # unknown, sdist-only or covered
+        return f"{pkg} {ver} has no wheel for {platform} on the index (its wheels: {', '.join(have)})"
 
     def _torch_fact(self, cuda, torch, python) -> str | None:
         cv = self.m.cuda[cuda]

@@ -31,7 +31,7 @@ def run(args) -> int:
         json.dump(out, sys.stdout, indent=2)
         print()
         return 0
-    cols = ("id", "cuda", "python", "torch", "engine", "engine_version", "verl")
+    cols = ("id", "platform", "cuda", "python", "torch", "engine", "engine_version", "verl")
     widths = [max([len(c)] + [len(str(r[c])) for r in rows]) for c in cols]
     print("  ".join(c.upper().ljust(w) for c, w in zip(cols, widths)))
     for r in rows:

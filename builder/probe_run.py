@@ -33,7 +33,9 @@ from .errors import InputError
 from .fsutil import write_json_atomic
 from .paths import cache_dir
 from .record import Record, iter_records, latest, machine_info, write_record
-from .vocab import ENGINES, FAIL, LEVELS, OK, RECORD_ERROR, RECORD_FAIL, TIMEOUT, VERDICT_TO_RECORD, cuda_version
+from .vocab import (
+    ENGINES, FAIL, LEVELS, OK, RECORD_ERROR, RECORD_FAIL, TIMEOUT, VERDICT_TO_RECORD, cuda_version, host_platform,
+)
 
 # Where the renderer puts things inside images (dockerfiles/ uses these constants).
 IMAGE_PROBE_PARENT = "/opt/envbuild"
@@ -44,7 +46,7 @@ PROBE_SRC = Path(__file__).resolve().parent / "probe"
 
 # Seconds per level: imports of a big stack take a minute on a slow disk; an engine start takes more.
 DEFAULT_TIMEOUT = {"env": 300.0, "contract": 600.0, "gpu": 900.0}
-EXPECT_KEYS = ("cuda", "torch", "engine_version", "verl")
+EXPECT_KEYS = ("cuda", "torch", "engine_version", "verl", "platform")
 STOP = (FAIL, TIMEOUT, "error")  # a level with this status ends the run: later levels build on it
 
 
@@ -75,7 +77,7 @@ def expect_of(combo) -> dict:
     CUDA goes as the probe reads torch.version.cuda: 12.4."""
     d = combo if isinstance(combo, dict) else combo.to_dict()
     out = {"cuda": cuda_version(d["cuda"]) if d.get("cuda") else "", "torch": d.get("torch"),
-           "engine_version": d.get("engine_version"), "verl": d.get("verl")}
+           "engine_version": d.get("engine_version"), "verl": d.get("verl"), "platform": d.get("platform")}
     return {k: v for k, v in out.items() if v and v != "?"}
 
 
@@ -165,6 +167,8 @@ def probe_image(image: str, *, level: str, engine: str, expect: dict, timeout: f
             cmd[-2:-2] = ["-v", f"{PROBE_SRC}:{IMAGE_PROBE_DIR}:ro"]
         if gpus if gpus is not None else gpu_present():
             cmd[3:3] = ["--gpus", "all"]
+        if expect.get("platform") and expect["platform"] != host_platform():
+            cmd[3:3] = ["--platform", expect["platform"]]  # another machine's image runs emulated
         launcher = _launcher(python, nproc)[1:]  # the entrypoint is the python
         cmd += [image, *launcher, *probe_args(level, engine, expect), "--json", "/out/verdict.json",
                 "--scratch", "/tmp"]

@@ -1,8 +1,8 @@
 """One selector grammar for every command that selects combinations (plan, lock, render, build,
 probe --ray, ci, pick).
 
-Flags: --cuda (cu126 or 12.6), --python 3.N, --torch V, --engine vllm|sglang|hf with the
-shortcuts --vllm V, --sglang V, --hf, --verl V, --matrix FILE.
+Flags: --cuda (cu126 or 12.6), --platform linux/arm64 (or arm64), --python 3.N, --torch V,
+--engine vllm|sglang|hf with the shortcuts --vllm V, --sglang V, --hf, --verl V, --matrix FILE.
 
 A version selects by release prefix: `--vllm 0.8` selects 0.8.4 and 0.8.5.post1; `--vllm 0.8.5`
 selects 0.8.5 only (not 0.8.5.post1: same number of release segments means exact). When a
@@ -19,7 +19,7 @@ from functools import lru_cache
 from packaging.version import InvalidVersion, Version
 
 from .errors import InputError
-from .vocab import ENGINES, parse_cuda
+from .vocab import DEFAULT_PLATFORM, ENGINES, PLATFORMS, parse_cuda, parse_platform
 
 _PY_RE = re.compile(r"3\.\d{1,2}")
 _WHERE = "command line"
@@ -33,6 +33,7 @@ class Selectors:
     engine: str | None = None  # vllm | sglang | hf
     engine_version: str | None = None
     verl: str | None = None
+    platform: str | None = None  # linux/amd64 | linux/arm64 (vocab.parse_platform)
 
     def any(self) -> bool:
         return any(v for v in asdict(self).values())
@@ -41,8 +42,11 @@ class Selectors:
         """Names one verl release and one engine release: the user asks about exactly that stack."""
         return bool(self.verl and self.engine and (self.engine_version or self.engine == "hf"))
 
-    def matches(self, *, cuda=None, python=None, torch=None, engine=None, engine_version=None, verl=None) -> bool:
+    def matches(self, *, cuda=None, python=None, torch=None, engine=None, engine_version=None, verl=None,
+                platform=None) -> bool:
         if self.cuda and parse_cuda(cuda) != self.cuda:
+            return False
+        if self.platform and (parse_platform(platform) or DEFAULT_PLATFORM) != self.platform:
             return False
         if self.python and str(python) != self.python:
             return False
@@ -55,12 +59,12 @@ class Selectors:
 
     def matches_combo(self, c) -> bool:
         return self.matches(cuda=c.cuda, python=c.python, torch=c.torch, engine=c.engine,
-                            engine_version=c.engine_version, verl=c.verl)
+                            engine_version=c.engine_version, verl=c.verl, platform=c.platform)
 
     def describe(self) -> str:
         """The selectors as flags, for messages."""
         parts = []
-        for k in ("verl", "engine", "engine_version", "torch", "cuda", "python"):
+        for k in ("verl", "engine", "engine_version", "torch", "cuda", "python", "platform"):
             v = getattr(self, k)
             if v and k == "engine_version":
                 continue
@@ -108,6 +112,7 @@ def add_selector_args(p, *, matrix: bool = True) -> None:
         p.add_argument("--matrix", default=None, help="matrix YAML (default: the bundled matrix/verl.yaml)")
     p.add_argument("--cuda", help="CUDA variant: cu126 or 12.6")
     p.add_argument("--python", help="Python version, e.g. 3.11")
+    p.add_argument("--platform", help=f"platform: {' or '.join(PLATFORMS)} (arm64 and amd64 work too)")
     p.add_argument("--torch", help="torch version or prefix (overrides the pin the engine implies)")
     p.add_argument("--engine", choices=ENGINES, help="engine; --vllm V / --sglang V / --hf are shortcuts")
     p.add_argument("--vllm", metavar="V", help="vLLM version or prefix (0.8 selects 0.8.x)")
@@ -132,6 +137,12 @@ def selectors_from_args(args) -> Selectors:
         if norm is None or norm == "cpu":
             raise InputError(_WHERE, None, "--cuda", cuda, "not a CUDA variant (cu126 or 12.6)")
         cuda = norm
+    platform = g("platform")
+    if platform is not None:
+        norm = parse_platform(platform)
+        if norm is None:
+            raise InputError(_WHERE, None, "--platform", platform, f"not a platform ({', '.join(PLATFORMS)})")
+        platform = norm
     python = g("python")
     if python is not None and not _PY_RE.fullmatch(python):
         raise InputError(_WHERE, None, "--python", python, "not a Python version 3.N")
@@ -147,7 +158,7 @@ def selectors_from_args(args) -> Selectors:
         engine = e
     return Selectors(cuda=cuda, python=python, torch=_version("--torch", g("torch")), engine=engine,
                      engine_version=_version(f"--{engine}", ev) if ev else None,
-                     verl=_version("--verl", g("verl")))
+                     verl=_version("--verl", g("verl")), platform=platform)
 
 
 def from_flags(**flags) -> Selectors:

@@ -69,7 +69,18 @@ def test_actionlint_is_not_vacuous(tmp_path):
     p = _lint(bad, CONFIG)
     assert p.returncode != 0 and "shellcheck reported issue" in p.stdout and "SC2086" in p.stdout
     (tmp_path / "empty.yaml").write_text("self-hosted-runner:\n  labels: []\n")
-    p = _lint(WORKFLOW, tmp_path / "empty.yaml")
+    # Labels are checked where they are literal: a one-platform matrix's workflow (with both
+    # platforms, runs-on is an expression on the row's platform, which actionlint cannot read).
+    from envbuild.ci import DEFAULT_BUILD_RUNNER, DEFAULT_GPU_LABELS, render_workflow
+    one = tmp_path / "one.yaml"
+    one.write_text(default_matrix().read_text().replace('platforms: ["linux/amd64", "linux/arm64"]',
+                                                        'platforms: ["linux/amd64"]'))
+    assert load_matrix(one).platforms == ["linux/amd64"]
+    single = tmp_path / "single.yml"
+    single.write_text(render_workflow(load_matrix(one), "matrix/verl.yaml", ".github", list(DEFAULT_GPU_LABELS),
+                                      DEFAULT_BUILD_RUNNER))
+    assert _lint(single, CONFIG).returncode == 0
+    p = _lint(single, tmp_path / "empty.yaml")
     assert p.returncode != 0 and 'label "gpu" is unknown' in p.stdout
 
 
@@ -112,7 +123,10 @@ def test_workflow_shape_and_runner_labels(run_cli, tmp_path):
     for j in ("build", "probe"):
         assert jobs[j]["strategy"]["matrix"] == "${{ fromJson(needs.plan.outputs.matrix) }}"
         assert jobs[j]["strategy"]["fail-fast"] is False
-    assert jobs["probe"]["runs-on"] == ["self-hosted", "h200"] and jobs["build"]["runs-on"] == "ubuntu-24.04"
+    # Two platforms: each row runs on its platform's runners (arm64 natively, no emulation).
+    assert jobs["probe"]["runs-on"] == ("${{ matrix.platform == 'linux/amd64' && fromJSON('[\"self-hosted\",\"h200\"]')"
+                                        " || fromJSON('[\"self-hosted\",\"linux\",\"arm64\",\"gpu\"]') }}")
+    assert jobs["build"]["runs-on"] == "${{ matrix.platform == 'linux/amd64' && 'ubuntu-24.04' || 'ubuntu-24.04-arm' }}"
     build = "\n".join(s.get("run", "") for s in jobs["build"]["steps"])
     assert "envbuild ci bake" in build and "docker buildx bake" in build and "--push" in build
     assert "ENVBUILD_CACHE" in jobs["build"]["env"]  # the registry cache every build job shares
@@ -139,7 +153,7 @@ def test_matrix_rows_name_exactly_one_combination(run_cli):
         a = r["selectors"].split()
         pairs = [x for x in a if x != "--hf"]
         kv = dict(zip(pairs[::2], pairs[1::2]))
-        sel = Selectors(verl=kv["--verl"], torch=kv["--torch"], cuda=kv["--cuda"], python=kv["--python"],
+        sel = Selectors(verl=kv["--verl"], torch=kv["--torch"], cuda=kv["--cuda"], python=kv["--python"], platform=kv["--platform"],
                         engine="hf" if "--hf" in a else "vllm" if "--vllm" in kv else "sglang",
                         engine_version=kv.get("--vllm") or kv.get("--sglang"))
         assert [c.id for c in plan(m, sel).combos] == [r["id"]]
@@ -220,7 +234,7 @@ def baked(tmp_path_factory):
     """A real bake file for verl 0.4.1 on cu124 (4 combinations: vLLM x2, SGLang, hf), rendered
     from real locks (network on a cold cache)."""
     d = tmp_path_factory.mktemp("bake")
-    p = subprocess.run(["python", "-m", "envbuild", "ci", "bake", "--verl", "0.4.1", "--cuda", "cu124",
+    p = subprocess.run(["python", "-m", "envbuild", "ci", "bake", "--verl", "0.4.1", "--cuda", "cu124", "--platform", "amd64",
                         "--rendered", "rendered", "--locks", "locks", "--out", "docker-bake.json",
                         "--repository", "127.0.0.1:5000/envbuild/verl"], cwd=d, capture_output=True, text=True, timeout=1200)
     assert p.returncode == 0, p.stderr
@@ -234,8 +248,8 @@ def test_bake_file_matches_schema_and_graph(baked):
     d, doc, said = baked
     jsonschema.validate(doc, BAKE_SCHEMA)
     targets, group = doc["target"], doc["group"]["default"]["targets"]
-    combos = plan(load_matrix(default_matrix()), Selectors(verl="0.4.1", cuda="cu124")).combos
-    assert len(group) == len(combos) == 4 and set(group) <= set(targets)
+    combos = plan(load_matrix(default_matrix()), Selectors(verl="0.4.1", cuda="cu124", platform="linux/amd64")).combos
+    assert len(group) == len(combos) == 4 and all(t["platforms"] == ["linux/amd64"] for t in targets.values()) and set(group) <= set(targets)
     # Every target:X names a target; the graph has no cycle; FROM names are the declared contexts.
     for name, t in targets.items():
         for key, ref in t.get("contexts", {}).items():
@@ -324,4 +338,5 @@ def test_bake_print_with_buildx_when_available(baked):
 def test_combo_selectors_for_hf():
     m = load_matrix(default_matrix())
     hf = next(c for c in plan(m, Selectors(verl="0.4.1", engine="hf")).combos)
-    assert combo_selectors(hf) == f"--verl 0.4.1 --hf --torch {hf.torch} --cuda {hf.cuda} --python {hf.python}"
+    assert combo_selectors(hf) == (f"--verl 0.4.1 --hf --torch {hf.torch} --cuda {hf.cuda} --python {hf.python}"
+                                   f" --platform {hf.platform}")

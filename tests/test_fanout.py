@@ -36,7 +36,8 @@ def _combos():
 def test_record_status_and_error_is_never_a_verdict(tmp_path):
     vllm, hf = _combos()
     job = ProbeJob(vllm.to_dict(), {"ref": FAST, "id": "sha256:" + "1" * 64}, {"kind": "bootstrap", "ref": "b"}, "ab" * 32)
-    assert expect_of(job.combo) == {"cuda": "12.4", "torch": "2.6.0", "engine_version": "0.8.4", "verl": "0.4.1"}
+    assert expect_of(job.combo) == {"cuda": "12.4", "torch": "2.6.0", "engine_version": "0.8.4", "verl": "0.4.1",
+                                     "platform": "linux/amd64"}
     fail = {"status": "fail", "cause": "module-missing", "checks": [{"name": "import-torch", "status": "fail",
                                                                       "detail": "No module named 'torch'"}]}
     assert record_status({"contract": fail})[:2] == ("fail", "module-missing")

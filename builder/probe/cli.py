@@ -23,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--expect-torch")
     p.add_argument("--expect-engine-version")
     p.add_argument("--expect-verl")
+    p.add_argument("--expect-platform", help="the image's platform, e.g. linux/arm64")
     p.add_argument("--json", dest="json_out", help="write the verdict here (default: stdout)")
     p.add_argument("--scratch", help="writable folder for the tiny model (default: a temp dir)")
     g = p.add_argument_group("gpu level")
@@ -38,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> Verdict:
     expect = {k: val for k, val in (("cuda", args.expect_cuda), ("torch", args.expect_torch),
-                                    ("engine_version", args.expect_engine_version), ("verl", args.expect_verl)) if val}
+                                    ("engine_version", args.expect_engine_version), ("verl", args.expect_verl),
+                                    ("platform", args.expect_platform)) if val}
     v = Verdict(level=args.level, engine=args.engine, expect=expect)
     upto = LEVELS[:LEVELS.index(args.level) + 1]
     # The probe's own modules are imported before the CUDA warm-up thread starts importing torch:

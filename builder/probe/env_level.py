@@ -12,7 +12,7 @@ import time
 
 from .classify import classify_exception
 from .fatbin import image_coverage
-from .vocab import parse_cuda
+from .vocab import parse_cuda, parse_platform
 from .verdict import FAIL, NOT_APPLICABLE, PASS, SKIPPED, Verdict
 
 # Distribution whose version is "the engine's version" for each engine.
@@ -81,6 +81,13 @@ def run_env(v: Verdict, expect: dict, engine: str) -> None:
     v.versions["python"] = platform.python_version()
     v.versions["glibc"] = "-".join(platform.libc_ver()) or None
     v.add("python", PASS, f"{sys.executable} {platform.python_version()}")
+    machine = platform.machine()
+    v.versions["machine"] = machine
+    want_platform = expect.get("platform")
+    if want_platform:  # an image built for another machine (or run without emulation) is not this row's
+        ok = parse_platform(machine) == parse_platform(want_platform)
+        v.add("platform", PASS if ok else FAIL, f"machine {machine}, expected {want_platform}",
+              None if ok else "platform-mismatch")
 
     t0 = time.perf_counter()
     try:
