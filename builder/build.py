@@ -45,14 +45,14 @@ from .docker import pusher_for
 from .errors import EnvbuildError, InfraError, InputError, exit_of_records
 from .base import BaseRef, bootstrap, resolve_base
 from .docker import detect, secret_files
-from .image import REPOSITORY_ENV, add_repository_arg, build_labels, image_refs, repository_from_args
+from .image import REPOSITORY_ENV, add_repository_arg, build_labels, image_refs, registry_host, repository_from_args
 from .index import Metadata, default_index_url, pytorch_index_url, pytorch_root
 from .lock import Locker
 from .matrix import add_selector_args, matrix_from_args, plan_from_args
-from .record import Record, write_record
+from .record import Record, latest_by_combo, write_record
 from .render import render_combo
 from .probe_run import Target, VerdictCache, expect_of, probe_image, probe_levels, record_status
-from .vocab import PROBE_CHOICES, PROBE_PLAN
+from .vocab import PROBE_CHOICES, PROBE_PLAN, host_platform
 
 CA_ENV = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
 DEFAULT_RESULTS = "results"
@@ -433,7 +433,9 @@ class Builder:
             return finish("render", "error", "render-error", str(e))
         timings["render"] = round(time.monotonic() - t, 3)
         chash = rendered.content_hash
-        content_ref, readable_ref = image_refs(o.repo, combo.tag, chash)
+        # Per platform: the id (the plain tag for the default platform); the plain tag of several
+        # platforms becomes their manifest list after the run (write_indexes).
+        content_ref, readable_ref = image_refs(o.repo, combo.id, chash)
         rec.image = {"ref": content_ref, "tags": [content_ref, readable_ref], "content_hash": chash,
                      "id": None, "digest": None, "size": None, "reused": False}
 
@@ -464,6 +466,7 @@ class Builder:
                         sfiles = {**sfiles, "ca-bundle": o.ca_bundle}
                     res = self.engine.build(rendered.context_dir, dockerfile=rendered.dockerfile,
                                             tags=[content_ref, readable_ref], labels=labels, secrets=sfiles,
+                                            platform=combo.platform if combo.platform != host_platform() else None,
                                             no_cache=o.no_cache, log_path=log_path, timeout=o.timeout, on_line=tracker, stop=self.stop)
             except InfraError as e:
                 return finish("build", "error", e.cause, str(e))
@@ -654,12 +657,17 @@ def _render_adapter():
     return lambda combo, lr, base, out: render_combo(combo, lr, base, out)
 
 
-def _base_adapter(engine, spec: str, suite: str, say) -> BaseFutures:
+def _base_adapter(engine, spec: str, suite: str, say, registry: str | None = None) -> BaseFutures:
     """--base SPEC -> the run's shared bases: one resolution per spec (per CUDA devel image for
     nvidia and auto), and auto's fallback to the bootstrap base made once for all of them."""
 
     def key(combo) -> str:
-        return spec if spec not in ("nvidia", "auto") else f"{spec}:{combo.base_image}"
+        return (spec if spec not in ("nvidia", "auto") else f"{spec}:{combo.base_image}") + f"@{combo.platform}"
+
+    def kw(combo) -> dict:
+        # A non-host platform's bootstrap base is served from the build's registry (BuildKit
+        # resolves a foreign base only from a registry).
+        return {"platform": combo.platform, "registry": registry}
 
     def resolve(combo) -> BaseRef:
         if spec == "auto":
@@ -667,10 +675,11 @@ def _base_adapter(engine, spec: str, suite: str, say) -> BaseFutures:
             # air-gapped path (bootstrap), said out loud and recorded.
             ref = combo.base_image
             if ref and (engine.image_exists(ref) or _try_pull(engine, ref)):
-                return resolve_base(engine, "nvidia", combo, suite=suite, log=say)
+                return resolve_base(engine, "nvidia", combo, suite=suite, log=say, **kw(combo))
             say(f"base: {ref or 'nvidia image'} cannot be pulled here; using the bootstrap base")
-            return bases.shared("bootstrap", lambda: bootstrap(engine, suite=suite, log=say))
-        return resolve_base(engine, spec, combo, suite=suite, log=say)
+            return bases.shared(f"bootstrap@{combo.platform}",
+                                lambda: bootstrap(engine, suite=suite, log=say, **kw(combo)))
+        return resolve_base(engine, spec, combo, suite=suite, log=say, **kw(combo))
 
     bases = BaseFutures(resolve, key)
     return bases
@@ -759,7 +768,8 @@ def run(args) -> int:
     with prog_cls(pl.combos, stream=out) as prog:
         prog.message(f"envbuild build: {len(pl.combos)} combination(s), -j {opts.jobs}, {engine.describe()}")
         builder = Builder(opts, engine, lock_fn=_lock_adapter(m, meta), render_fn=_render_adapter(),
-                          base_fn=_base_adapter(engine, opts.base, opts.suite, prog.message),
+                          base_fn=_base_adapter(engine, opts.base, opts.suite, prog.message,
+                                                registry_host(opts.repo)),
                           probe_fn=probe_image, progress=prog, stop=stop,
                           verdict_cache=None if args.reprobe else VerdictCache())
         for c in pl.combos:
@@ -776,6 +786,8 @@ def run(args) -> int:
                     interrupted = True
         finally:
             signal.signal(signal.SIGTERM, old_term)
+    if opts.push and not interrupted:
+        write_indexes(opts, say=lambda t: print(t, file=out))
     rc = summarize(records, opts, interrupted, len(pl.combos), out=out)
     if args.json:
         json.dump([{"id": r.combo["id"], "status": r.status, "stage": r.stage, "cause": r.cause,
@@ -784,6 +796,25 @@ def run(args) -> int:
                    for r in sorted(records, key=lambda r: r.combo["id"])], sys.stdout, indent=2, sort_keys=True)
         print()
     return rc
+
+
+def write_indexes(opts: Options, say=print) -> dict[str, str]:
+    """One multi-platform manifest list per plain tag whose platforms were pushed (from the latest
+    record of each image in the results, so an arm64 run joins an earlier amd64 one). A tag with one
+    platform keeps that image's own manifest. A registry refusal is said, not fatal: every
+    platform's image stays pullable by its own tag and digest, which is what the table pins."""
+    from .manifest import group_for_indexes, push_index  # oras is loaded only when pushing
+
+    out = {}
+    for ref, children in group_for_indexes(latest_by_combo(opts.results).values()).items():
+        if len(children) < 2:
+            continue
+        try:
+            out[ref] = push_index(ref, children)
+            say(f"manifest list {ref}: {', '.join(sorted(children))} -> {out[ref]}")
+        except EnvbuildError as e:
+            say(f"manifest list {ref}: not written: {e}")
+    return out
 
 
 def summarize(records, opts: Options, interrupted: bool, planned: int, out=None) -> int:

@@ -111,7 +111,7 @@ def test_a_base_error_reaches_every_combination_that_needed_it(tmp_path, error, 
 def test_auto_shares_one_bootstrap_between_cuda_images_it_cannot_pull(tmp_path, monkeypatch):
     made = []
 
-    def bootstrap(engine, suite, log):
+    def bootstrap(engine, suite, log, platform="linux/amd64", registry=None):
         made.append(suite)
         time.sleep(0.1)
         return BASE
