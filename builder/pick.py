@@ -10,6 +10,7 @@ and exits 1 (a verdict: nothing verified fits); there is no exception for that, 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import sys
 
 from packaging.version import InvalidVersion, Version
@@ -18,6 +19,7 @@ from .errors import InputError
 from .probe.fatbin import parse_sm
 from .row import LEVELS, Combo, Row, Table, parse_pinned
 from .selector import Selectors, add_selector_args, from_flags, selectors_from_args
+from .vocab import DEFAULT_PLATFORM, host_platform
 
 # `verify` (and with it urllib, ssl, the config reader) is imported inside run(): `pick`'s whole
 # process must start in under 200 ms on a 1,000-row signed table (bench/pick_speed.py measures it).
@@ -44,7 +46,7 @@ def matches(row: Row, sel) -> bool:
 
 def matches_combo(c: Combo, sel: Selectors) -> bool:
     return sel.matches(cuda=c.cuda, python=c.python, torch=c.torch, engine=c.engine,
-                       engine_version=c.engine_version, verl=c.verl)
+                       engine_version=c.engine_version, verl=c.verl, platform=c.platform)
 
 
 def gpu_gap(row: Row, sm: int | None) -> str | None:
@@ -179,6 +181,8 @@ def run(args) -> int:
     if args.insecure:
         print("warning: --insecure: the table's signature was NOT checked", file=sys.stderr)
     sel = selectors_from_args(args)
+    if sel.platform is None:  # an image for the machine asking, unless told otherwise
+        sel = replace(sel, platform=host_platform() or DEFAULT_PLATFORM)
     sm = None
     if args.gpu:
         sm = parse_sm(args.gpu)

@@ -150,9 +150,10 @@ class Combo:
     cuda: str | None = None
     python: str | None = None
     tag: str | None = None
+    platform: str | None = None  # None: a row made before the platform axis (linux/amd64)
     extra: dict = field(default_factory=dict)
 
-    _NAMED = ("verl", "engine", "engine_version", "torch", "cuda", "python", "tag")
+    _NAMED = ("verl", "engine", "engine_version", "torch", "cuda", "python", "tag", "platform")
 
     def get(self, name: str) -> str | None:
         return getattr(self, name) if name in self._NAMED else self.extra.get(name)

@@ -223,3 +223,25 @@ def test_bad_config_is_one_line_naming_the_key(tmp_path, run_cli, text, field):
     p = run_cli("pick", "--vllm", "0.8.4", env={"ENVBUILD_CONFIG": str(tmp_path)})
     assert p.returncode == 2 and "Traceback" not in p.stderr and p.stderr.count("\n") == 1
     assert "config.toml" in p.stderr and field in p.stderr
+
+
+def test_platform_picks_that_platforms_own_image_and_rows_before_the_axis_are_amd64(signed, run_cli):
+    arm = {**V84_041, "id": V84_041["id"] + "-arm64", "platform": "linux/arm64"}
+    old = combo(verl="0.5.0", ev="0.8.4")  # recorded before the axis: no platform key
+    t = table_of([rec(V84_041 | {"platform": "linux/amd64"}, passed("env", "contract"), img=image(V84_041), run=1),
+                  rec(arm, passed("env", "contract"), img=image(arm), run=2),
+                  rec(old, passed("env", "contract"), img=image(old), run=3)])
+    row, _ = pick(t, {"vllm": "0.8.4", "verl": "0.4.1", "platform": "arm64"})
+    assert row.id == arm["id"] and row.pinned.endswith(image(arm)["digest"].split("@")[1])
+    row, _ = pick(t, {"vllm": "0.8.4", "verl": "0.4.1", "platform": "linux/amd64"})
+    assert row.id == V84_041["id"]
+    row, _ = pick(t, {"verl": "0.5.0", "platform": "linux/amd64"})
+    assert row.id == old["id"]
+    row, rejected = pick(t, {"verl": "0.5.0", "platform": "linux/arm64"})
+    assert row is None
+    # The CLI defaults to this machine's platform (amd64 here); --platform asks for another.
+    table, pub = signed
+    p = run_cli("pick", "--vllm", "0.8.4", "--table", table, "--pubkey", pub)
+    assert p.returncode == 0 and "@sha256:" in p.stdout, p.stderr
+    p = run_cli("pick", "--vllm", "0.8.4", "--platform", "arm64", "--table", table, "--pubkey", pub)
+    assert p.returncode == 1 and p.stdout == "" and "linux/arm64" in p.stderr, p.stderr
