@@ -32,7 +32,7 @@ def add_arguments(p) -> None:
     p.add_argument("--docker", default="docker", help="docker client (default: /usr/bin/docker if present)")
     p.add_argument("--json", action="store_true", help="print the verdict as JSON instead of the summary")
     p.add_argument("-o", "--output", metavar="FILE", help="also write the verdict JSON to FILE")
-    p.epilog = ("The selectors (--engine/--vllm/--sglang/--hf, --cuda, --torch, --verl) name the combination: "
+    p.epilog = ("The selectors (--engine/--vllm/--sglang/--hf, --cuda, --torch, --verl, --platform) name the combination: "
                 "what an IMAGE or --here is expected to hold, or which recorded images --ray probes. "
                 "Exit status: 0 pass, 1 fail or timeout (a verdict), 2 bad arguments, "
                 "3 not judged here (the probe or docker broke, or a check needs a GPU).")
@@ -47,7 +47,8 @@ def _expect(args, sel) -> dict:
             raise InputError("command line", None, "--expect-cuda", cuda, "not a CUDA version (12.4 or cu124, or cpu)")
         cuda = cuda_version(norm)
     expect = {"cuda": cuda, "torch": args.expect_torch or sel.torch,
-              "engine_version": args.expect_engine_version or sel.engine_version, "verl": args.expect_verl or sel.verl}
+              "engine_version": args.expect_engine_version or sel.engine_version, "verl": args.expect_verl or sel.verl,
+              "platform": sel.platform}  # --platform: an image of another machine runs emulated
     return {k: v for k, v in expect.items() if v}
 
 

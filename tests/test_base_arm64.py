@@ -276,3 +276,60 @@ def test_buildkit_builds_for_arm64_from_the_pinned_base(engine, arm_base, tmp_pa
         engine.remove(tag, force=True)
         # Its BuildKit cache records (the RUN step names the marker); never anyone else's.
         engine.prune_cache([c["ID"] for c in engine.cache_entries() if marker in (c.get("Description") or "")])
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+@pytest.mark.network
+def test_the_probe_env_level_runs_an_arm64_image_under_emulation(engine, arm_base, tmp_path):
+    """The probe's env level on a linux/arm64 image with a real aarch64 torch (the CPU build the
+    default index serves for torch 2.9.1 on aarch64), through the launcher `build` uses: it runs
+    emulated (`docker run --platform`), reads machine aarch64, and a row expecting amd64 is told
+    platform-mismatch. The wheels are fetched here (pip, the configured index) for aarch64 and
+    installed offline in the build. ~3 min warm, most of it torch's import under qemu."""
+    import sys
+
+    from envbuild.probe_run import probe_image
+
+    ctx = tmp_path / "ctx"
+    (ctx / "w").mkdir(parents=True)
+    from envbuild.index import default_index_url, uv_exe
+
+    # pip evaluates markers for this machine even with --platform: uv resolves for aarch64, pip fetches.
+    p = subprocess.run([uv_exe(), "pip", "compile", "-", "--python-platform", "aarch64-manylinux_2_28",
+                        "--python-version", "3.11", "--no-header", "--no-annotate", "--quiet"],
+                       input="torch==2.9.1\n", capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "UV_DEFAULT_INDEX": default_index_url()})
+    assert p.returncode == 0, p.stderr[-2000:]
+    (tmp_path / "reqs.txt").write_text(p.stdout)
+    assert "torch==2.9.1" in p.stdout and "nvidia" not in p.stdout  # aarch64 2.9.1 here is a CPU build
+    p = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                        "--platform", "manylinux_2_28_aarch64", "--python-version", "3.11", "--implementation", "cp",
+                        "-r", str(tmp_path / "reqs.txt"), "-d", str(ctx / "w")], capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert any(f.name.startswith("torch-2.9.1-") and "aarch64" in f.name for f in (ctx / "w").iterdir())
+    marker = uuid.uuid4().hex[:12]
+    (ctx / "Dockerfile").write_text(
+        f"FROM {arm_base.pinned}\n"
+        "COPY w /w\n"
+        f"RUN echo {marker} && python3 -m venv /opt/venv && "
+        "/opt/venv/bin/python -m pip install -q --no-index --no-compile --no-deps /w/*.whl && rm -rf /w\n")
+    tag = f"envbuild-test/arm64-probe:{marker}"
+    try:
+        res = engine.build(ctx, log_path=tmp_path / "build.log", tags=[tag], platform=ARM, timeout=1800)
+        assert res.ok, (tmp_path / "build.log").read_text()[-3000:]
+        want = {"torch": "2.9.1", "cuda": "cpu", "platform": ARM}
+        v = probe_image(tag, level="env", engine="hf", expect=want, gpus=False)
+        checks = {c["name"]: c for c in v["checks"]}
+        assert checks["platform"]["status"] == "pass", checks["platform"]
+        assert v["versions"]["machine"] == "aarch64"
+        assert checks["import-torch"]["status"] == "pass", checks["import-torch"]
+        assert checks["torch-version"]["status"] == "pass" and checks["torch-cuda"]["status"] == "pass"
+        # The same image judged as an amd64 row: the probe says it is not that platform's image.
+        v = probe_image(tag, level="env", engine="hf", expect={**want, "platform": "linux/amd64"}, gpus=False)
+        checks = {c["name"]: c for c in v["checks"]}
+        assert (checks["platform"]["status"], checks["platform"]["cause"]) == ("fail", "platform-mismatch")
+        assert v["status"] == "fail"
+    finally:
+        engine.remove(tag, force=True)
+        engine.prune_cache([c["ID"] for c in engine.cache_entries() if marker in (c.get("Description") or "")])
