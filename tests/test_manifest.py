@@ -303,3 +303,34 @@ def test_group_refuses_a_digest_of_another_repository_and_unknown_platforms():
     bad["combo"]["platform"] = "windows/amd64"
     with pytest.raises(InputError, match="combo.platform"):
         group_for_indexes([bad])
+
+
+def test_build_writes_one_index_per_tag_with_several_pushed_platforms(tmp_path, monkeypatch):
+    """envbuild build's last step: the latest records in the results (an earlier run's amd64 image
+    and tonight's arm64 one) -> one push_index per plain tag with two or more platforms; a tag with
+    one platform keeps that image's own manifest; a registry refusal is said, not fatal."""
+    from envbuild import build as B
+    from envbuild import manifest as M
+    from envbuild.record import write_record
+
+    repo = "127.0.0.1:5000/envbuild/verl"
+    amd, arm = Combo("0.4.1", "hf", "", "2.6.0", "cu124", "3.11"), Combo("0.4.1", "hf", "", "2.6.0", "cu124", "3.11",
+                                                                         platform="linux/arm64")
+    solo = Combo("0.5.0", "hf", "", "2.6.0", "cu124", "3.11")
+    for n, c in enumerate((amd, arm, solo)):
+        d = "sha256:" + f"{n}" * 64
+        write_record(tmp_path, Record(combo=c.to_dict(), stage="probe", status="ok",
+                                      image={"ref": image_refs(repo, c.id, "abc")[0], "digest": f"{repo}@{d}"}))
+    calls = []
+    monkeypatch.setattr(M, "push_index", lambda ref, children: calls.append((ref, children)) or "sha256:" + "f" * 64)
+    said = []
+    opts = B.Options(results=tmp_path, repo=repo, in_registry=True)
+    assert B.write_indexes(opts, say=said.append) == {f"{repo}:{amd.tag}": "sha256:" + "f" * 64}
+    assert calls == [(f"{repo}:{amd.tag}", {"linux/amd64": "sha256:" + "0" * 64, "linux/arm64": "sha256:" + "1" * 64})]
+    assert arm.id == amd.tag + "-arm64" and image_refs(repo, arm.id, "abc")[1] == f"{repo}:{arm.id}"
+
+    def refuse(ref, children):
+        raise InfraError("registry-error", "no")
+    monkeypatch.setattr(M, "push_index", refuse)
+    said.clear()
+    assert B.write_indexes(opts, say=said.append) == {} and "not written" in said[0]
