@@ -52,7 +52,7 @@ from .matrix import add_selector_args, matrix_from_args, plan_from_args
 from .record import Record, latest_by_combo, write_record
 from .render import render_combo
 from .probe_run import Target, VerdictCache, expect_of, probe_image, probe_levels, record_status
-from .vocab import PROBE_CHOICES, PROBE_PLAN, host_platform
+from .vocab import DEFAULT_PLATFORM, PROBE_CHOICES, PROBE_PLAN, host_platform
 
 CA_ENV = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
 DEFAULT_RESULTS = "results"
@@ -749,6 +749,10 @@ def _probe_level(spec: str) -> str:
 
 def run(args) -> int:
     meta = Metadata()
+    if getattr(args, "platform", None) is None:
+        # Images for this machine unless another platform is named (those build under qemu, and
+        # need ci/emulation.sh and a registry): plan and lock show every platform, build does not.
+        args.platform = host_platform() or DEFAULT_PLATFORM
     m = matrix_from_args(args)
     pl = plan_from_args(args, meta)
     opts = options_from_args(args, m.repository, m.pytorch_index)

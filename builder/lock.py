@@ -264,7 +264,12 @@ class Locker:
             dated.append((c.engine, c.engine_version))
         reqs.append(f"verl=={c.verl}")
         dated.append(("verl", c.verl))
-        return reqs, dated
+        # The top of the stack first: uv prefers the newest versions for the dependencies of the
+        # requirements it meets first. torch first made verl 0.9.1's lock take fsspec 2026.9.0 for
+        # torch, then datasets 1.2.1 (the newest without an fsspec cap) and tqdm 4.49.0, which the
+        # transformers of that era cannot import: a broken stack nobody installing verl got
+        # (`pip install verl==0.9.1` takes datasets 5.0.1, fsspec 2026.6.0).
+        return reqs[::-1], dated
 
     def lock(self, c: Combo, out_dir: str | os.PathLike | None = None) -> LockResult:
         try:

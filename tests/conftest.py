@@ -1,10 +1,16 @@
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+# A shell started without job control (`cmd &` in a script, some CI runners) starts its children
+# with SIGINT ignored, and Python then never raises KeyboardInterrupt: the Ctrl-C tests need the
+# handler Python installs when SIGINT reaches it.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 ROOT = Path(__file__).resolve().parent.parent
 

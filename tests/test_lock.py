@@ -134,3 +134,22 @@ def test_parallel_lock_keeps_plan_order_and_stays_quiet_when_piped(isolated_cach
     assert a == b
     q = run_cli("lock", *sel, "-j", "0", "--out", tmp_path, env=env)
     assert q.returncode == 2 and "--jobs" in q.stderr
+
+
+@pytest.mark.network
+def test_the_lock_takes_what_installing_the_top_of_the_stack_takes(tmp_path, isolated_cache):
+    """uv prefers the newest versions for the requirements it meets first. With torch first,
+    verl 0.9.1's lock took fsspec 2026.9.0 (torch's, unbounded), so datasets fell back to 1.2.1
+    (no fsspec cap) and tqdm to 4.49.0, which that era's transformers cannot import: a broken
+    stack (found by the arm64 bench) that nobody installing verl 0.9.1 got. The top of the stack
+    comes first now, as `pip install verl==0.9.1` resolves it."""
+    from packaging.version import Version
+
+    m = load_matrix(default_matrix())
+    args = SimpleNamespace(verl="0.9.1", hf=True, cuda="cu130", platform="linux/amd64")
+    (c,) = plan(m, selectors_from_args(args)).combos
+    lr = Locker(m, Metadata()).lock(c, tmp_path)
+    assert lr.status == "ok", lr.detail
+    full = parse_lock((tmp_path / c.id / "full.txt").read_text())
+    assert Version(full["datasets"][0]) >= Version("4") and Version(full["tqdm"][0]) >= Version("4.62"), \
+        (full["datasets"], full["tqdm"], full["fsspec"])

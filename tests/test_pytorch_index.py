@@ -121,7 +121,8 @@ def pytorch_mirror(tmp_path_factory):
 def test_lock_takes_a_non_default_variant_from_the_pytorch_index(pytorch_mirror, run_cli, isolated_cache, tmp_path):
     root = pytorch_mirror.root_url.replace("http://", "http://envbuild:pt-s3cr3t@")
     out = tmp_path / "locks"
-    p = run_cli("lock", "--cuda", "cu128", "--hf", "--torch", "2.13.0", "--verl", "0.6.1", "--out", out, "--json",
+    p = run_cli("lock", "--cuda", "cu128", "--hf", "--torch", "2.13.0", "--verl", "0.6.1", "--platform", "amd64",
+                "--out", out, "--json",
                 env={"ENVBUILD_CACHE": str(isolated_cache), "ENVBUILD_PYTORCH_INDEX": root})
     assert p.returncode == 0, p.stdout + p.stderr
     row = json.loads(p.stdout.splitlines()[0])
