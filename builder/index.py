@@ -504,7 +504,8 @@ class Metadata:
         self._mem[key] = rec
         return rec
 
-    def _fetch(self, name: str, version: str) -> dict:
+    def _release_files(self, name: str, version: str) -> list[dict]:
+        """The index's files (wheels and sdists, not yanked) of one release."""
         from packaging.utils import parse_wheel_filename, parse_sdist_filename
         from packaging.version import Version
 
@@ -514,10 +515,14 @@ class Metadata:
             fn = f["filename"]
             try:
                 v = parse_wheel_filename(fn)[1] if fn.endswith(".whl") else parse_sdist_filename(fn)[1]
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - foreign file names are skipped
                 continue
             if v == want and not f.get("yanked"):
                 files.append(f)
+        return files
+
+    def _fetch(self, name: str, version: str) -> dict:
+        files = self._release_files(name, version)
         if not files:
             raise EnvbuildError(f"{name} {version} is not on the index ({redact(self.index)})")
         released = min((f["upload-time"] for f in files if f.get("upload-time")), default="")
@@ -572,19 +577,7 @@ class Metadata:
             return rec["wheel_machines"]
         if not self.online:
             return None
-        from packaging.utils import parse_sdist_filename, parse_wheel_filename
-        from packaging.version import Version
-
-        want, names = Version(version), []
-        for f in self.files(name):
-            fn = f["filename"]
-            try:
-                v = parse_wheel_filename(fn)[1] if fn.endswith(".whl") else parse_sdist_filename(fn)[1]
-            except Exception:  # noqa: BLE001 - foreign file names are skipped
-                continue
-            if v == want and not f.get("yanked"):
-                names.append(fn)
-        rec["wheel_machines"] = wheel_machines(names)
+        rec["wheel_machines"] = wheel_machines(f["filename"] for f in self._release_files(name, version))
         return rec["wheel_machines"]
 
     def released(self, name: str, version: str) -> str:
