@@ -4,6 +4,9 @@ probe of the working tree, in one Python environment (or one built image), runs 
     python bench/probe_speed.py --python /path/to/venv/bin/python [--base REV] [--repeat 3]
         [--engine hf] [--level contract] [--expect-verl 0.4.1] [--out bench/probe_speed.json]
     python bench/probe_speed.py --image IMAGE ...   (docker run --network host, the probe mounted)
+    python bench/probe_speed.py --image IMAGE --plan cpu ...   (what `envbuild build --probe cpu`
+        runs: before, one process per level, env then contract, as build ran them; after, one
+        process for both levels, each level's verdict written as it ends, as build runs them now)
 
 Wall seconds on a shared 2-core machine vary run to run: compare the two columns of one run, and
 the CPU seconds (user+sys of the probe's process tree), which load changes less.
@@ -43,8 +46,26 @@ def probe_copy(rev: str | None, dest: Path) -> Path:
     return dest
 
 
-def run_once(where: Path, args, out: Path) -> dict:
-    cmd_args = ["--level", args.level, "--engine", args.engine, "--json"]
+def run_plan(where: Path, args, out: Path, one_process: bool) -> dict:
+    """The levels of a plan (env, contract[, gpu]) as one process or one process per level."""
+    levels = ("env", "contract", "gpu")[:{"cpu": 2, "gpu": 3}[args.plan]]
+    if one_process:
+        ldir = out.parent / "levels"
+        ldir.mkdir(exist_ok=True)
+        os.chmod(ldir, 0o777)
+        inside = "/out/levels" if args.image else str(ldir)
+        r = run_once(where, args, out, level=levels[-1], extra=["--levels-dir", inside, "--stop-at-failure"])
+        shutil.rmtree(ldir)
+        return r
+    parts = [run_once(where, args, out, level=lv) for lv in levels]
+    last = dict(parts[-1])
+    last["timings"] = {**last["timings"], "wall": round(sum(p["timings"]["wall"] for p in parts), 3),
+                       "cpu": round(sum(p["timings"]["cpu"] for p in parts), 3)}
+    return last
+
+
+def run_once(where: Path, args, out: Path, level: str | None = None, extra: list[str] = ()) -> dict:
+    cmd_args = ["--level", level or args.level, "--engine", args.engine, *extra, "--json"]
     extra = [a for k, val in (("--expect-verl", args.expect_verl), ("--expect-torch", args.expect_torch))
              if val for a in (k, val)] + args.gpu_args.split()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -83,6 +104,9 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--engine", default="hf")
     ap.add_argument("--level", default="contract")
+    ap.add_argument("--plan", choices=("cpu", "gpu"),
+                    help="measure a build's probe plan instead of one level: before = a process per level, "
+                         "after = one process for all (--levels-dir); --base should predate that option")
     ap.add_argument("--expect-verl")
     ap.add_argument("--expect-torch")
     ap.add_argument("--gpu-args", default="", help="extra probe arguments, e.g. '--expect-cuda 12.8'")
@@ -98,7 +122,8 @@ def main() -> int:
         where = {"before": before, "after": probe_copy(None, tmp / "after")}
         for i in range(args.repeat):  # interleaved: load drifts over minutes on a shared machine
             for label in ("before", "after"):
-                r = run_once(where[label], args, tmp / f"{label}{i}.json")
+                out = tmp / f"{label}{i}.json"
+                r = run_plan(where[label], args, out, label == "after") if args.plan else run_once(where[label], args, out)
                 runs[label].append(r)
                 print(f"  {label} #{i + 1}: wall {r['timings']['wall']:.1f}s cpu {r['timings']['cpu']:.1f}s "
                       f"{r['status']} ({r['checks']} checks, failing: {', '.join(r['fail']) or 'none'})", file=sys.stderr)
@@ -113,6 +138,7 @@ def main() -> int:
         ratio = f"{a / b:.2f}" if a is not None and b else ""
         print(f"{k:<24}{'' if b is None else f'{b:.2f}':>10}{'' if a is None else f'{a:.2f}':>10}{ratio:>14}")
     result = {"target": args.image or args.python, "engine": args.engine, "level": args.level, "base": args.base,
+              "plan": args.plan,
               "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                           "load": os.getloadavg()}, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "median": {k: {"before": b, "after": a} for k, b, a in rows}, "runs": runs}

@@ -51,7 +51,7 @@ from .lock import Locker
 from .matrix import add_selector_args, matrix_from_args, plan_from_args
 from .record import Record, latest_by_combo, write_record
 from .render import render_combo
-from .probe_run import Target, VerdictCache, expect_of, probe_image, probe_levels, record_status
+from .probe_run import Target, VerdictCache, expect_of, probe_image_levels, probe_levels, record_status
 from .vocab import DEFAULT_PLATFORM, PROBE_CHOICES, PROBE_PLAN, host_platform
 
 CA_ENV = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
@@ -774,7 +774,7 @@ def run(args) -> int:
         builder = Builder(opts, engine, lock_fn=_lock_adapter(m, meta), render_fn=_render_adapter(),
                           base_fn=_base_adapter(engine, opts.base, opts.suite, prog.message,
                                                 registry_host(opts.repo)),
-                          probe_fn=probe_image, progress=prog, stop=stop,
+                          probe_fn=probe_image_levels, progress=prog, stop=stop,
                           verdict_cache=None if args.reprobe else VerdictCache())
         for c in pl.combos:
             prog.update(c.id, "queued")

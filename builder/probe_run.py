@@ -47,6 +47,7 @@ PROBE_SRC = Path(__file__).resolve().parent / "probe"
 # Seconds per level: imports of a big stack take a minute on a slow disk; an engine start takes more.
 DEFAULT_TIMEOUT = {"env": 300.0, "contract": 600.0, "gpu": 900.0}
 EXPECT_KEYS = ("cuda", "torch", "engine_version", "verl", "platform")
+EXIT_GRACE = 60.0  # seconds a probe whose levels all ended has to exit
 STOP = (FAIL, TIMEOUT, "error")  # a level with this status ends the run: later levels build on it
 
 
@@ -132,9 +133,49 @@ def _run(cmd: list[str], timeout: float, env: dict | None, on_timeout,
         return None, out, err, time.monotonic() - t0
 
 
+def _run_levels(cmd: list[str], levels: list[str], limits: list[float], ldir: Path, on_level,
+                on_timeout) -> tuple[int | None, str, str, list[float], float]:
+    """Run a probe that writes `ldir/<level>.json` as each level ends. Each level has its limit,
+    counted from the end of the one below; on_level(level) is called as each starts.
+    -> (exit code, None if killed at a limit; stdout; stderr; seconds at which each level ended; wall)."""
+    t0 = time.monotonic()
+    with tempfile.TemporaryFile("w+") as fo, tempfile.TemporaryFile("w+") as fe:
+        p = subprocess.Popen(cmd, stdout=fo, stderr=fe, text=True, start_new_session=True)
+        ends: list[float] = []
+        if on_level:
+            on_level(levels[0])
+        rc = None
+        while True:
+            try:
+                rc = p.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                rc = None
+            while len(ends) < len(levels) and (ldir / f"{levels[len(ends)]}.json").is_file():
+                ends.append(time.monotonic() - t0)
+                if on_level and len(ends) < len(levels) and rc is None:
+                    on_level(levels[len(ends)])
+            if rc is not None:
+                break
+            # every level ended: the process only has to exit (os._exit in the probe's __main__)
+            limit = limits[len(ends)] if len(ends) < len(levels) else EXIT_GRACE
+            if time.monotonic() - t0 > (ends[-1] if ends else 0.0) + limit:
+                on_timeout(p)
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait()
+                rc = None
+                break
+        wall = time.monotonic() - t0
+        fo.seek(0)
+        fe.seek(0)
+        return rc, fo.read(), fe.read(), ends, wall
+
+
 def _finish(out_json: Path, rc: int | None, out: str, err: str, wall: float, level: str, engine: str,
-            expect: dict, timeout: float, runner: dict) -> dict:
-    if rc is None:
+            expect: dict, timeout: float, runner: dict, timed_out: bool | None = None) -> dict:
+    if rc is None if timed_out is None else timed_out:
         v = outcome(level, engine, expect, TIMEOUT, "timeout",
                     f"killed after {timeout:.0f}s; last output:\n{(out + err)[-1500:]}")
     elif out_json.is_file():
@@ -150,6 +191,34 @@ def _finish(out_json: Path, rc: int | None, out: str, err: str, wall: float, lev
     return v
 
 
+def _image_cmd(exe: str, name: str, tmp: str, image: str, level: str, engine: str, expect: dict, *,
+               nproc: int, gpus: bool | None, mount_probe: bool, python: str, pull: str) -> list[str]:
+    """`docker run` of the probe in a throw-away container; its verdicts land in `tmp` (/out)."""
+    cmd = [exe, "run", "--rm", "--pull", pull, "--name", name, "--network", "host", "--read-only",
+           "--tmpfs", "/tmp:rw,exec,size=4g", "--shm-size", "2g", "-e", "HOME=/tmp", "-w", "/tmp",
+           "-e", f"PYTHONPATH={IMAGE_PROBE_PARENT}", "-e", "PYTHONDONTWRITEBYTECODE=1",
+           "-v", f"{tmp}:/out", "--entrypoint", python]
+    if mount_probe:
+        cmd[-2:-2] = ["-v", f"{PROBE_SRC}:{IMAGE_PROBE_DIR}:ro"]
+    if gpus if gpus is not None else gpu_present():
+        cmd[3:3] = ["--gpus", "all"]
+    if expect.get("platform") and expect["platform"] != host_platform():
+        cmd[3:3] = ["--platform", expect["platform"]]  # another machine's image runs emulated
+    launcher = _launcher(python, nproc)[1:]  # the entrypoint is the python
+    return cmd + [image, *launcher, *probe_args(level, engine, expect), "--json", "/out/verdict.json",
+                  "--scratch", "/tmp"]
+
+
+def _docker_failed(rc: int | None, out: str, err: str, wrote: bool, level: str, engine: str, expect: dict,
+                   runner: dict) -> dict | None:
+    """docker itself failed (no such image, daemon error): infrastructure, not a verdict."""
+    if rc == 125 or (rc in (126, 127) and not wrote):
+        v = outcome(level, engine, expect, "error", "docker-error", (err or out)[-2000:])
+        v["runner"] = {**runner, "exit_code": rc}
+        return v
+    return None
+
+
 def probe_image(image: str, *, level: str, engine: str, expect: dict, timeout: float | None = None,
                 docker: str = "docker", nproc: int = 1, gpus: bool | None = None, mount_probe: bool = True,
                 python: str = IMAGE_PYTHON, pull: str = "missing") -> dict:
@@ -159,35 +228,69 @@ def probe_image(image: str, *, level: str, engine: str, expect: dict, timeout: f
     name = f"envbuild-probe-{secrets.token_hex(5)}"
     with tempfile.TemporaryDirectory(prefix="envbuild-probe-") as tmp:
         os.chmod(tmp, 0o777)  # the image may run as another user
-        cmd = [exe, "run", "--rm", "--pull", pull, "--name", name, "--network", "host", "--read-only",
-               "--tmpfs", "/tmp:rw,exec,size=4g", "--shm-size", "2g", "-e", "HOME=/tmp", "-w", "/tmp",
-               "-e", f"PYTHONPATH={IMAGE_PROBE_PARENT}", "-e", "PYTHONDONTWRITEBYTECODE=1",
-               "-v", f"{tmp}:/out", "--entrypoint", python]
-        if mount_probe:
-            cmd[-2:-2] = ["-v", f"{PROBE_SRC}:{IMAGE_PROBE_DIR}:ro"]
-        if gpus if gpus is not None else gpu_present():
-            cmd[3:3] = ["--gpus", "all"]
-        if expect.get("platform") and expect["platform"] != host_platform():
-            cmd[3:3] = ["--platform", expect["platform"]]  # another machine's image runs emulated
-        launcher = _launcher(python, nproc)[1:]  # the entrypoint is the python
-        cmd += [image, *launcher, *probe_args(level, engine, expect), "--json", "/out/verdict.json",
-                "--scratch", "/tmp"]
-
-        def kill(_p):
-            subprocess.run([exe, "kill", name], capture_output=True, timeout=60)
-            subprocess.run([exe, "rm", "-f", name], capture_output=True, timeout=60)
-
+        cmd = _image_cmd(exe, name, tmp, image, level, engine, expect, nproc=nproc, gpus=gpus,
+                         mount_probe=mount_probe, python=python, pull=pull)
         try:
-            rc, out, err, wall = _run(cmd, timeout, None, kill)
+            rc, out, err, wall = _run(cmd, timeout, None, lambda _p: _kill_container(exe, name))
         except FileNotFoundError as e:
             return outcome(level, engine, expect, "error", "no-docker", f"{exe}: {e}")
-        if rc == 125 or (rc in (126, 127) and not (Path(tmp) / "verdict.json").exists()):
-            # docker itself failed (no such image, daemon error): infrastructure, not a verdict
-            v = outcome(level, engine, expect, "error", "docker-error", (err or out)[-2000:])
-            v["runner"] = {"mode": "image", "image": image, "exit_code": rc, "cmd": cmd}
-            return v
-        return _finish(Path(tmp) / "verdict.json", rc, out, err, wall, level, engine, expect, timeout,
-                       {"mode": "image", "image": image, "cmd": cmd})
+        runner = {"mode": "image", "image": image, "cmd": cmd}
+        failed = _docker_failed(rc, out, err, (Path(tmp) / "verdict.json").exists(), level, engine, expect, runner)
+        return failed or _finish(Path(tmp) / "verdict.json", rc, out, err, wall, level, engine, expect, timeout,
+                                 runner)
+
+
+def probe_image_levels(image: str, *, levels, engine: str, expect: dict, timeout: float | None = None,
+                       on_level=None, docker: str = "docker", nproc: int = 1, gpus: bool | None = None,
+                       python: str = IMAGE_PYTHON, pull: str = "missing") -> dict:
+    """{level: verdict} for `levels` (each includes the ones before it) from ONE container: the probe
+    writes each level's verdict as that level ends and stops after a failing one. Starting the
+    stack once, not once per level, saves the lower levels' imports (bench/probe_speed.json). Each
+    level keeps its own timeout (`timeout`, else DEFAULT_TIMEOUT), counted from the end of the
+    level below; a level that outlives it is `timeout`, the levels that ended keep their verdicts."""
+    levels = list(levels)
+    exe = docker_exe(docker)
+    name = f"envbuild-probe-{secrets.token_hex(5)}"
+    limits = [float(timeout or DEFAULT_TIMEOUT[lv]) for lv in levels]
+    with tempfile.TemporaryDirectory(prefix="envbuild-probe-") as tmp:
+        os.chmod(tmp, 0o777)  # the image may run as another user
+        ldir = Path(tmp) / "levels"
+        ldir.mkdir()
+        os.chmod(ldir, 0o777)
+        cmd = _image_cmd(exe, name, tmp, image, levels[-1], engine, expect, nproc=nproc, gpus=gpus,
+                         mount_probe=True, python=python, pull=pull)
+        cmd += ["--levels-dir", "/out/levels", "--stop-at-failure"]
+        try:
+            rc, out, err, ends, wall = _run_levels(cmd, levels, limits, ldir, on_level,
+                                                   lambda _p: _kill_container(exe, name))
+        except FileNotFoundError as e:
+            return {levels[0]: outcome(levels[0], engine, expect, "error", "no-docker", f"{exe}: {e}")}
+        runner = {"mode": "image", "image": image, "cmd": cmd, "levels_in_run": levels}
+        failed = _docker_failed(rc, out, err, any(ldir.iterdir()), levels[0], engine, expect, runner)
+        if failed:
+            return {levels[0]: failed}
+        verdicts: dict[str, dict] = {}
+        for i, lv in enumerate(levels):
+            f = ldir / f"{lv}.json"
+            if not f.is_file() and i != len(ends):
+                break  # never started: the level below stopped the run
+            wall_i = (ends[i] if i < len(ends) else wall) - (ends[i - 1] if i else 0.0)
+            # An ended level keeps its verdict even when a later one was killed at its timeout. A
+            # level with no file of its own, when the probe stopped below it (at a level not asked
+            # for) has the probe's final verdict: everything that ran.
+            src = f if f.is_file() else Path(tmp) / "verdict.json"
+            v = _finish(src, rc, out, err, wall_i, lv, engine, expect, limits[i], runner,
+                        timed_out=rc is None and not f.is_file())
+            v["level"] = lv
+            verdicts[lv] = v
+            if v.get("status") in STOP:
+                break
+        return verdicts
+
+
+def _kill_container(exe: str, name: str) -> None:
+    subprocess.run([exe, "kill", name], capture_output=True, timeout=60)
+    subprocess.run([exe, "rm", "-f", name], capture_output=True, timeout=60)
 
 
 def probe_here(*, level: str, engine: str, expect: dict, timeout: float | None = None, nproc: int = 1,
@@ -261,25 +364,29 @@ class Target:
 def probe_levels(t: Target, levels, *, timeout: float | None = None, probe_fn=None,
                  cache: VerdictCache | None = None, run_id: str = "", on_level=None) -> dict:
     """{level: verdict} for the levels in order, stopping at the first that fails, times out or
-    errs (the next level builds on it). `probe_fn` defaults to probe_image; a verdict found in
-    `cache` under the same reuse key is returned with `reused_from` instead of running."""
-    probe_fn = probe_fn or probe_image
+    errs (the next level builds on it). `probe_fn(ref, levels=, engine=, expect=, timeout=,
+    on_level=)` -> {level: verdict} runs them (default probe_image_levels: one container for all).
+    When every level's verdict is in `cache` under the same reuse key, they are returned with
+    `reused_from` instead of running; otherwise all run (a level includes the ones below it)."""
+    probe_fn = probe_fn or probe_image_levels
+    levels = list(levels)
     gpu = gpu_present() if cache is not None and t.image_id else False
-    out: dict[str, dict] = {}
+    keys = {lv: reuse_key(t.image_id, lv, t.engine, t.expect, gpu) for lv in levels} \
+        if cache is not None and t.image_id else {}
+    hits: dict[str, dict] = {}
     for lv in levels:
-        if on_level:
-            on_level(lv)
-        key = reuse_key(t.image_id, lv, t.engine, t.expect, gpu) if cache is not None and t.image_id else None
-        hit = cache.get(key) if key else None
-        if hit is not None:
-            v = {**hit, "reused_from": hit.pop("probed_in_run", None) or "an earlier run"}
-        else:
-            v = probe_fn(t.ref, level=lv, engine=t.engine, expect=t.expect, timeout=timeout)
-            if key:
-                cache.put(key, v, run_id)
-        out[lv] = v
-        if v.get("status") in STOP:
+        hit = cache.get(keys[lv]) if keys else None
+        if hit is None:
             break
+        hits[lv] = {**hit, "reused_from": hit.pop("probed_in_run", None) or "an earlier run"}
+        if hits[lv].get("status") in STOP:
+            break
+    if hits and (len(hits) == len(levels) or list(hits.values())[-1].get("status") in STOP):
+        return hits
+    out = probe_fn(t.ref, levels=levels, engine=t.engine, expect=t.expect, timeout=timeout, on_level=on_level)
+    for lv, v in out.items():
+        if keys:
+            cache.put(keys[lv], v, run_id)
     return out
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.probe_run import docker_exe, probe_here, probe_image
+from envbuild.probe_run import docker_exe, probe_here, probe_image, probe_image_levels
 
 HANG = "import os, time\nopen({pidfile!r}, 'w').write(str(os.getpid()))\ntime.sleep(3600)\n"
 
@@ -123,3 +123,83 @@ def test_missing_image_is_an_error_not_a_verdict():
     v = probe_image("envbuild-test/no-such-image:none", level="env", engine="hf", expect={}, timeout=60,
                     pull="never")
     assert v["status"] == "error" and v["cause"] == "docker-error"
+
+
+# ----------------------------------------------------------------------------- all levels, one container
+# A stand-in CPU torch and transformers' metadata, so the env level passes, and a verl whose import
+# hangs, so the contract level does not end.
+FAKE_TORCH = ("__version__ = '2.6.0+cpu'\n"
+              "class version:\n    cuda = None\n"
+              "class _C:\n    _GLIBCXX_USE_CXX11_ABI = True\n")
+
+
+@pytest.fixture(scope="module")
+def env_passes_contract_hangs(tmp_path_factory):
+    docker = docker_exe()
+    if not shutil.which(docker):
+        pytest.skip("no docker client")
+    base = _base_image(docker)
+    ctx = tmp_path_factory.mktemp("ctx")
+    site = ctx / "site"
+    (site / "verl").mkdir(parents=True)
+    (site / "verl" / "__init__.py").write_text("import time\ntime.sleep(3600)\n")
+    (site / "torch").mkdir()
+    (site / "torch" / "__init__.py").write_text(FAKE_TORCH)
+    for dist, ver in (("transformers", "4.51.3"), ("verl", "0.4.1")):
+        info = site / f"{dist}-{ver}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {ver}\n")
+    (ctx / "Dockerfile").write_text(
+        f"FROM {base}\n"
+        "RUN mkdir -p /opt/venv/bin && ln -s /usr/bin/python3 /opt/venv/bin/python\n"
+        "COPY site /usr/lib/python3/dist-packages/\n")
+    tag = f"envbuild-test/probe-staged:{os.getpid()}"
+    r = subprocess.run([docker, "build", "--network", "host", "-t", tag, str(ctx)], capture_output=True, text=True,
+                       env={**os.environ, "DOCKER_BUILDKIT": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    yield tag
+    subprocess.run([docker, "rmi", "-f", tag], capture_output=True)
+
+
+def _probe_containers(docker: str, image: str) -> int:
+    out = subprocess.run([docker, "ps", "-a", "-q", "--filter", f"ancestor={image}"], capture_output=True, text=True)
+    return len(out.stdout.split())
+
+
+@pytest.mark.docker
+def test_levels_run_in_one_container_and_an_ended_level_keeps_its_verdict(env_passes_contract_hangs):
+    image, docker = env_passes_contract_hangs, docker_exe()
+    started, t0 = [], time.monotonic()
+
+    def on_level(lv):
+        started.append((lv, _probe_containers(docker, image)))
+
+    got = probe_image_levels(image, levels=["env", "contract"], engine="hf", expect={"verl": "0.4.1"},
+                             timeout=15, on_level=on_level, pull="never")
+    took = time.monotonic() - t0
+    assert list(got) == ["env", "contract"]
+    env, contract = got["env"], got["contract"]
+    # env ended in the container and keeps its own verdict; contract outlived its 15 s and is a timeout
+    assert env["status"] == "pass" and env["level"] == "env", env
+    assert {c["name"] for c in env["checks"]} >= {"import-torch", "verl-version"}
+    assert all(c["level"] == "env" for c in env["checks"])
+    assert (contract["status"], contract["cause"], contract["level"]) == ("timeout", "timeout", "contract")
+    # one container for both levels: contract starts in the one env ran in; each level has its own
+    # clock (15 s each, not 30 s in all)
+    assert [lv for lv, _ in started] == ["env", "contract"] and started[1][1] == 1, started
+    assert env["runner"]["cmd"] == contract["runner"]["cmd"] and "--levels-dir" in env["runner"]["cmd"]
+    assert 15 <= contract["runner"]["wall_seconds"] < 40 and env["runner"]["wall_seconds"] < 15
+    assert took < 60 and _probe_containers(docker, image) == 0
+
+
+@pytest.mark.docker
+def test_a_failing_level_stops_the_run_and_a_level_not_asked_for_still_decides(hang_image):
+    # No torch: env fails, so contract never runs; asked for contract alone, the probe's final
+    # verdict (env's failure) is contract's.
+    both = probe_image_levels(hang_image, levels=["env", "contract"], engine="hf", expect={}, timeout=60, pull="never")
+    assert list(both) == ["env"] and both["env"]["status"] == "fail" and both["env"]["cause"] == "module-missing"
+    alone = probe_image_levels(hang_image, levels=["contract"], engine="hf", expect={}, timeout=60, pull="never")
+    assert list(alone) == ["contract"]
+    v = alone["contract"]
+    assert (v["status"], v["level"], v["runner"]["exit_code"]) == ("fail", "contract", 1)
+    assert any(c["name"] == "import-torch" and c["status"] == "fail" for c in v["checks"])

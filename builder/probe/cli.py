@@ -9,7 +9,7 @@ import sys
 import time
 import traceback
 
-from .verdict import ERROR, Verdict, write_json
+from .verdict import ERROR, FAIL, Verdict, write_json
 from .vocab import LEVELS
 
 EXIT = {"pass": 0, "fail": 1, "error": 2, "needs-gpu": 3}
@@ -26,6 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--expect-platform", help="the image's platform, e.g. linux/arm64")
     p.add_argument("--json", dest="json_out", help="write the verdict here (default: stdout)")
     p.add_argument("--scratch", help="writable folder for the tiny model (default: a temp dir)")
+    p.add_argument("--levels-dir", help="also write each level's verdict to DIR/<level>.json as soon as that "
+                   "level ends (one process judges every level; the caller reads them as they appear)")
+    p.add_argument("--stop-at-failure", action="store_true",
+                   help="run no level above one that fails or errs (the levels above build on it)")
     g = p.add_argument_group("gpu level")
     g.add_argument("--engine-dtype", choices=("bfloat16", "float32"), default="bfloat16")
     g.add_argument("--prompts", type=int, default=4)
@@ -54,20 +58,27 @@ def run(args: argparse.Namespace) -> Verdict:
         from . import engines, extcheck, tiny_model, train  # noqa: F401  (imported lazily by the levels)
         from .gpu_level import GpuOptions, run_gpu
         _warm_cuda()
-    try:
-        with v.timed("env"), v.at_level("env"):
-            run_env(v, expect, args.engine)
-        if "contract" in upto:
-            with v.timed("contract"), v.at_level("contract"):
-                run_contract(v, expect, args.engine)
-        if "gpu" in upto:
-            opt = GpuOptions(prompts=args.prompts, n=args.n, max_tokens=args.max_tokens,
-                             engine_dtype=args.engine_dtype, tol_max=args.tol_max, tol_mean=args.tol_mean,
-                             seed=args.seed, scratch=args.scratch)
-            with v.timed("gpu"), v.at_level("gpu"):
-                run_gpu(v, expect, args.engine, opt)
-    except Exception:  # a bug in the probe is "error", never a verdict on the stack
-        v.add("probe", ERROR, traceback.format_exc()[-2000:], "probe-error")
+    steps = {"env": lambda: run_env(v, expect, args.engine)}
+    if "contract" in upto:
+        steps["contract"] = lambda: run_contract(v, expect, args.engine)
+    if "gpu" in upto:
+        opt = GpuOptions(prompts=args.prompts, n=args.n, max_tokens=args.max_tokens,
+                         engine_dtype=args.engine_dtype, tol_max=args.tol_max, tol_mean=args.tol_mean,
+                         seed=args.seed, scratch=args.scratch)
+        steps["gpu"] = lambda: run_gpu(v, expect, args.engine, opt)
+    for lv in upto:
+        broke = False
+        try:
+            with v.timed(lv), v.at_level(lv):
+                steps[lv]()
+        except Exception:  # a bug in the probe is "error", never a verdict on the stack
+            v.add("probe", ERROR, traceback.format_exc()[-2000:], "probe-error")
+            broke = True
+        if args.levels_dir and int(os.environ.get("RANK", "0")) == 0:
+            # A level includes those below it, so the verdict so far is this level's verdict.
+            write_json(os.path.join(args.levels_dir, f"{lv}.json"), v.to_dict(level=lv))
+        if broke or (args.stop_at_failure and v.status in (FAIL, ERROR)):
+            break
     return v
 
 

@@ -86,8 +86,12 @@ class Verdict:
     def status(self) -> str:
         return overall_status([c.status for c in self.checks])
 
-    def to_dict(self) -> dict:
+    def to_dict(self, level: str | None = None) -> dict:
+        """The verdict as written; `level` names a lower level that has just ended (its verdict is
+        everything so far, since a level includes the levels below it)."""
         d = asdict(self)
+        if level is not None:
+            d["level"] = level
         d["status"] = self.status
         d["schema"] = SCHEMA
         d["cause"] = first_cause(self.checks)
