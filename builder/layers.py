@@ -90,9 +90,18 @@ class ImageModel:
     # pins for building the lock's source distributions (lock.build_constraints; "" when none):
     # given to the steps that may build (engine, kernels, verl; torch's layers are all wheels)
     build_constraints: str = ""
+    # the lock's source distributions (name==version, lock.built_from_source)
+    built_from_source: tuple[str, ...] = ()
 
     def constrains_builds(self, layer: Layer) -> bool:
         return bool(self.build_constraints) and layer.source != "torch"
+
+    def source_builds(self, layer: Layer) -> list[str]:
+        """Names this layer builds from source. Each is built again in its step rather than taken
+        from uv's cache of built wheels, which may hold one built with other build tools (another
+        setuptools writes other metadata): the layer's bytes then follow from its lock."""
+        names = {n.split("==")[0].strip().lower().replace("_", "-") for n in self.built_from_source}
+        return sorted(n for n in layer.packages if n.lower().replace("_", "-") in names)
 
     @property
     def needs_torch_index(self) -> bool:
@@ -110,13 +119,14 @@ class ImageModel:
         return {"combo": self.combo.to_dict(), "base": self.base.to_dict(), "tools": self.tools,
                 "layers": [asdict(l) for l in self.layers], "expected": dict(sorted(self.expected.items())),
                 "era": self.era, "lock_hash": self.lock_hash, "torch_index": self.torch_index,
-                "build_constraints": self.build_constraints}
+                "build_constraints": self.build_constraints, "built_from_source": list(self.built_from_source)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "ImageModel":
         c = {k: v for k, v in d["combo"].items() if k not in ("id", "tag")}
         return cls(Combo(**c), Base.from_dict(d["base"]), d["tools"], tuple(Layer(**l) for l in d["layers"]),
-                   dict(d["expected"]), d["era"], d["lock_hash"], d["torch_index"], d.get("build_constraints", ""))
+                   dict(d["expected"]), d["era"], d["lock_hash"], d["torch_index"], d.get("build_constraints", ""),
+                   tuple(d.get("built_from_source", ())))
 
 
 def _text(value: str | None) -> str:
@@ -186,7 +196,8 @@ def model_for(combo: Combo, lock: LockResult, base: Base) -> ImageModel:
     full = _text(lock.full_lock)
     expected = {n: v for n, (v, _) in parse_lock(full).items()} if full else {}
     model = ImageModel(combo, base, lock.tools, tuple(layers), expected or installed(layers), lock.era,
-                       lock.lock_hash or "", lock.torch_index, getattr(lock, "build_constraints", "") or "")
+                       lock.lock_hash or "", lock.torch_index, getattr(lock, "build_constraints", "") or "",
+                       tuple(getattr(lock, "built_from_source", ()) or ()))
     check_installs_lock(model)
     return model
 

@@ -221,6 +221,23 @@ def test_build_constraints_reach_the_steps_that_may_build(tmp_path):
     assert "--build-constraints" not in plain
 
 
+def test_a_source_build_is_built_again_in_its_own_step_not_taken_from_the_wheel_cache(tmp_path):
+    # uv's cache of built wheels may hold one built with another setuptools (its WHEEL and RECORD
+    # differ): the step that builds a package from source refreshes it, so the layer follows its lock.
+    lock = fake_lock(VLLM, nvidia=NVIDIA)
+    lock.build_constraints = "setuptools==80.9.0 \\\n    --hash=sha256:" + "2" * 64 + "\n"
+    lock.built_from_source = ["verl==0.4.1", "xformers==0.0.29.post2"]
+    r = render_combo(VLLM, lock, NV, tmp_path)
+    runs = {re.search(r"source=locks/([a-z-]+)\.txt", x).group(1): x for x in _runs(r.dockerfile.read_text())
+            if "source=locks/" in x and "check-env" not in x}
+    refreshed = {name: re.findall(r"--refresh-package (\S+?)[;\s]", text) for name, text in runs.items()}
+    assert refreshed.pop("verl") == ["verl"] and refreshed.pop("kernels") == ["xformers"]
+    assert not any(refreshed.values()), refreshed
+    assert r.model.built_from_source == ("verl==0.4.1", "xformers==0.0.29.post2")
+    from envbuild.layers import ImageModel
+    assert ImageModel.from_dict(r.model.to_dict()) == r.model
+
+
 def test_one_base_type_and_resolver():
     """render, ci bake and build resolve bases with envbuild.base.resolve_base; an image pulled
     from a registry is pinned by its registry digest, a local-only one is not."""
