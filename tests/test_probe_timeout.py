@@ -45,6 +45,22 @@ def test_here_hang_at_start_is_killed(tmp_path):
     assert pidfile.exists() and _gone(int(pidfile.read_text()))
 
 
+def test_the_probe_does_not_wait_for_the_stacks_exit_handlers(tmp_path):
+    # The verdict is written, then the process ends at once: the teardown of torch, Ray and an
+    # engine takes seconds and judges nothing (probe/__main__.py).
+    site = tmp_path / "site"
+    site.mkdir()
+    # (the probe's process alone: its children, pip check, do not inherit the variable)
+    (site / "sitecustomize.py").write_text("import atexit, os, time\n"
+                                           "if os.environ.pop('SLOW_EXIT', None):\n"
+                                           "    atexit.register(time.sleep, 120)\n")
+    t0 = time.monotonic()
+    v = probe_here(level="env", engine="hf", expect={}, timeout=60,
+                   extra_env={"PYTHONPATH": str(site), "SLOW_EXIT": "1"})
+    assert v["status"] != "timeout" and v["runner"]["exit_code"] is not None, v
+    assert v["checks"] and time.monotonic() - t0 < 30
+
+
 @pytest.mark.slow
 def test_here_hang_in_verl_import_is_killed(tmp_path):
     pytest.importorskip("torch")
