@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""The README's main job, timed: `bash ci/quickstart.sh` from a fresh clone, with caches of its own.
+
+Prints a table (each of the quickstart's steps, and inside the build: lock, base, build, push,
+probe) and writes JSON (bench/quickstart.json by default). Goal (issue #17): the first verified,
+pushed, signed image in <= 8 min on a fresh 2-core machine.
+
+  python bench/quickstart.py [--cold] [--out bench/quickstart.json] [selectors...]
+
+What is already on the machine is recorded, not hidden: whether Docker, the registry and
+debootstrap were installed, whether the base image and envbuild's build cache existed, and whether
+the registry already held the repository (a registry that has the layers makes the push a mount).
+--cold first removes envbuild's images (the base included) and envbuild's BuildKit cache (its
+steps and uv's download cache), as build_speed.py does; the registry's storage is not touched:
+start from an empty one to time a cold push. The envbuild, pip and uv caches are always fresh
+(XDG_CACHE_HOME and UV_CACHE_DIR in a temporary folder). Needs root, like the quickstart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+GOAL_S = 8 * 60
+REGISTRY = "127.0.0.1:5000"
+STEP = re.compile(r"^== quickstart \[(\d+)m(\d+)s\] (.*)$")
+
+
+def found_on_machine(docker: str) -> dict:
+    """What the quickstart would otherwise install or build."""
+    def images(pattern: str) -> list[str]:
+        p = subprocess.run([docker, "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True)
+        return [i for i in p.stdout.split() if re.match(pattern, i)]
+    cache = subprocess.run([docker, "system", "df", "-v", "--format", "{{json .BuildCache}}"], capture_output=True,
+                           text=True).stdout
+    own = [e for e in json.loads(cache or "[]") or [] if "/opt/envbuild/" in e.get("Description", "")]
+    try:
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+                f"http://{REGISTRY}/v2/_catalog?n=10000", timeout=5) as r:
+            repos = json.load(r).get("repositories") or []
+        registry = {"answers": True, "has_envbuild_verl": "envbuild/verl" in repos}
+    except OSError:
+        registry = {"answers": False, "has_envbuild_verl": False}
+    return {"installed": {c: bool(shutil.which(c)) for c in ("dockerd", "docker-registry", "debootstrap", "skopeo")},
+            "base_images": images(r"^envbuild/base:"), "envbuild_images": images(r"(^|.*/)envbuild/verl:"),
+            "envbuild_build_cache_entries": len(own), "registry": registry}
+
+
+def make_cold(docker: str) -> None:
+    sys.path.insert(0, str(HERE))
+    from build_speed import _cold  # the same pruning of envbuild's own build cache
+
+    from envbuild.docker import detect
+    engine = detect()
+    p = subprocess.run([docker, "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True)
+    mine = [i for i in p.stdout.split() if re.match(r"^(envbuild/base|envbuild/verl|.*/envbuild/verl):", i)]
+    if mine:
+        engine.remove(*mine, force=True)
+    _cold(engine)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cold", action="store_true", help="remove envbuild's images and build cache first")
+    ap.add_argument("--out", default=str(HERE / "quickstart.json"))
+    ap.add_argument("selectors", nargs="*", help="passed to ci/quickstart.sh (default: its own)")
+    args = ap.parse_args(argv)
+    docker = "/usr/bin/docker" if os.path.exists("/usr/bin/docker") else "docker"
+    if args.cold:
+        make_cold(docker)
+    before = found_on_machine(docker)
+    work = Path(tempfile.mkdtemp(prefix="envbuild-quickstart-"))
+    clone = work / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    env = {**os.environ, "XDG_CACHE_HOME": str(work / "cache"), "UV_CACHE_DIR": str(work / "cache" / "uv")}
+    t0 = time.monotonic()
+    p = subprocess.Popen(["bash", "ci/quickstart.sh", *args.selectors], cwd=clone, env=env, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    steps, lines = [], []
+    for line in p.stdout:
+        sys.stdout.write(line)
+        lines.append(line)
+        m = STEP.match(line.strip())
+        if m:
+            steps.append({"at_s": int(m[1]) * 60 + int(m[2]), "at_wall_s": round(time.monotonic() - t0, 1),
+                          "step": m[3]})
+    rc = p.wait()
+    wall = round(time.monotonic() - t0, 1)
+    for a, b in zip(steps, steps[1:]):
+        a["seconds"] = round(b["at_wall_s"] - a["at_wall_s"], 1)
+    records = []
+    for f in sorted((clone / "results" / "records").glob("*/*.json")):
+        d = json.loads(f.read_text())
+        records.append({"combo": d["combo"]["id"], "status": d["status"], "stage": d["stage"],
+                        "timings": d.get("timings", {}), "image_bytes": (d.get("image") or {}).get("size"),
+                        "digest": (d.get("image") or {}).get("digest"),
+                        "probe": {lv: {"status": v.get("status"), "wall_s": (v.get("runner") or {}).get("wall_seconds")}
+                                  for lv, v in (d.get("probe") or {}).items()}})
+    picked = next((ln.strip() for ln in reversed(lines) if re.search(r"@sha256:[0-9a-f]{64}$", ln.strip())), None)
+    out = {"measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count(),
+           "load_after": os.getloadavg(), "exit": rc, "wall_s": wall, "goal_s": GOAL_S, "picked": picked,
+           "found_on_machine": before, "steps": steps, "records": records}
+    print(f"\n{'step':<78}{'seconds':>9}")
+    for s in steps[:-1]:
+        print(f"{s['step'][:77]:<78}{s.get('seconds', 0):>9.1f}")
+    for r in records:
+        for k, v in sorted(r["timings"].items()):
+            print(f"  {r['combo'][:40]} {k:<31}{v:>9.1f}")
+    print(f"{'wall (goal <= ' + str(GOAL_S) + ' s)':<78}{wall:>9.1f}  exit {rc}")
+    Path(args.out).write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
+    print(f"wrote {args.out}", file=sys.stderr)
+    shutil.rmtree(work, ignore_errors=True)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
