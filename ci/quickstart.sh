@@ -5,8 +5,8 @@
 # Needs root (apt, dockerd). Installs envbuild into a virtual environment of its own, ./.venv
 # (the distribution's python3 refuses `pip install` outside one: PEP 668). Leaves: the image in the
 # local Docker engine and in the registry on 127.0.0.1:5000, records in ./results, the signed table
-# in ./table, the signing key pair in ./keys. From cold on 2 cores: 12-19 min and ~21 GB of disk
-# (README, Quickstart).
+# in ./table, the signing key pair in ./keys. From cold on 2 cores: 6-8 min and ~22 GB of disk
+# (README, Quickstart; bench/quickstart.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sel=("$@")
@@ -44,7 +44,7 @@ envbuild plan "${sel[@]}"
 
 # One step: the build bootstraps the base (debootstrap from the distribution's packages, ~2 min
 # cold) while the locks resolve, and pushes while it probes (envbuild.build, "What overlaps").
-step "4/7 base image, lock, build, push and probe (~15 min cold: torch, the engine and verl are GBs)"
+step "4/7 base image, lock, build, push and probe (~6 min cold: torch, the engine and verl are GBs)"
 with_heartbeat "base/lock/build/push/probe" \
   envbuild build "${sel[@]}" --base bootstrap --repository 127.0.0.1:5000 --push --probe cpu --results results
 

@@ -87,25 +87,35 @@ def _base_image(docker: str) -> str:
     return ref
 
 
-@pytest.fixture(scope="module")
-def hang_image(tmp_path_factory):
+def _site_image(tmp_path_factory, name: str, files: dict[str, str]):
+    """An image of the bootstrap base whose system Python has `files` (path -> text) in its
+    dist-packages and /opt/venv/bin/python (where the probe looks); yields its tag, then removes it."""
     docker = docker_exe()
     if not shutil.which(docker):
         pytest.skip("no docker client")
     base = _base_image(docker)
     ctx = tmp_path_factory.mktemp("ctx")
-    (ctx / "verl").mkdir()
-    (ctx / "verl" / "__init__.py").write_text("import time\ntime.sleep(3600)\n")
+    for rel, text in files.items():
+        (ctx / "site" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (ctx / "site" / rel).write_text(text)
     (ctx / "Dockerfile").write_text(
         f"FROM {base}\n"
         "RUN mkdir -p /opt/venv/bin && ln -s /usr/bin/python3 /opt/venv/bin/python\n"
-        "COPY verl /usr/lib/python3/dist-packages/verl\n")
-    tag = f"envbuild-test/probe-hang:{os.getpid()}"
+        "COPY site /usr/lib/python3/dist-packages/\n")
+    tag = f"envbuild-test/{name}:{os.getpid()}"
     r = subprocess.run([docker, "build", "--network", "host", "-t", tag, str(ctx)], capture_output=True, text=True,
                        env={**os.environ, "DOCKER_BUILDKIT": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
     yield tag
     subprocess.run([docker, "rmi", "-f", tag], capture_output=True)
+
+
+HANG_VERL = {"verl/__init__.py": "import time\ntime.sleep(3600)\n"}
+
+
+@pytest.fixture(scope="module")
+def hang_image(tmp_path_factory):
+    yield from _site_image(tmp_path_factory, "probe-hang", HANG_VERL)
 
 
 @pytest.mark.docker
@@ -151,30 +161,9 @@ FAKE_TORCH = ("__version__ = '2.6.0+cpu'\n"
 
 @pytest.fixture(scope="module")
 def env_passes_contract_hangs(tmp_path_factory):
-    docker = docker_exe()
-    if not shutil.which(docker):
-        pytest.skip("no docker client")
-    base = _base_image(docker)
-    ctx = tmp_path_factory.mktemp("ctx")
-    site = ctx / "site"
-    (site / "verl").mkdir(parents=True)
-    (site / "verl" / "__init__.py").write_text("import time\ntime.sleep(3600)\n")
-    (site / "torch").mkdir()
-    (site / "torch" / "__init__.py").write_text(FAKE_TORCH)
-    for dist, ver in (("transformers", "4.51.3"), ("verl", "0.4.1")):
-        info = site / f"{dist}-{ver}.dist-info"
-        info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {ver}\n")
-    (ctx / "Dockerfile").write_text(
-        f"FROM {base}\n"
-        "RUN mkdir -p /opt/venv/bin && ln -s /usr/bin/python3 /opt/venv/bin/python\n"
-        "COPY site /usr/lib/python3/dist-packages/\n")
-    tag = f"envbuild-test/probe-staged:{os.getpid()}"
-    r = subprocess.run([docker, "build", "--network", "host", "-t", tag, str(ctx)], capture_output=True, text=True,
-                       env={**os.environ, "DOCKER_BUILDKIT": "1"})
-    assert r.returncode == 0, r.stderr[-2000:]
-    yield tag
-    subprocess.run([docker, "rmi", "-f", tag], capture_output=True)
+    meta = {f"{d}-{v}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {d}\nVersion: {v}\n"
+            for d, v in (("transformers", "4.51.3"), ("verl", "0.4.1"))}
+    yield from _site_image(tmp_path_factory, "probe-staged", {**HANG_VERL, "torch/__init__.py": FAKE_TORCH, **meta})
 
 
 def _probe_containers(docker: str, image: str) -> int:
