@@ -1,7 +1,8 @@
 """Probes fanned out over a Ray cluster (`envbuild probe --ray ADDRESS [selectors]`).
 
 verl users already run Ray. One Ray task per image asks for one GPU, runs the probe in a
-container on the node it lands on (envbuild.probe_run.probe_image) and returns the verdict;
+container on the node it lands on (envbuild.probe_run.probe_image_levels: all levels in one
+container) and returns the verdicts;
 the driver writes each result into the results folder as a record (envbuild.record) the
 moment it arrives. A task whose worker or node is lost mid-probe is retried on another node
 (Ray's label selector keeps it off the nodes where it was lost) a bounded number of times,

@@ -245,7 +245,7 @@ def probe_image_levels(image: str, *, levels, engine: str, expect: dict, timeout
                        python: str = IMAGE_PYTHON, pull: str = "missing") -> dict:
     """{level: verdict} for `levels` (each includes the ones before it) from ONE container: the probe
     writes each level's verdict as that level ends and stops after a failing one. Starting the
-    stack once, not once per level, saves the lower levels' imports (bench/probe_speed.json). Each
+    stack once, not once per level, saves the lower levels' imports (bench/probe_plan_cpu.json). Each
     level keeps its own timeout (`timeout`, else DEFAULT_TIMEOUT), counted from the end of the
     level below; a level that outlives it is `timeout`, the levels that ended keep their verdicts."""
     levels = list(levels)
