@@ -42,9 +42,8 @@ def found_on_machine(docker: str) -> dict:
     def images(pattern: str) -> list[str]:
         p = subprocess.run([docker, "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True)
         return [i for i in p.stdout.split() if re.match(pattern, i)]
-    cache = subprocess.run([docker, "system", "df", "-v", "--format", "{{json .BuildCache}}"], capture_output=True,
-                           text=True).stdout
-    own = [e for e in json.loads(cache or "[]") or [] if "/opt/envbuild/" in e.get("Description", "")]
+    from envbuild.docker import detect
+    own = [e for e in detect().cache_entries() if "/opt/envbuild/" in e.get("Description", "")]
     try:
         with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
                 f"http://{REGISTRY}/v2/_catalog?n=10000", timeout=5) as r:

@@ -29,6 +29,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from packaging.utils import canonicalize_name
+
 from .base import Base
 from .errors import EnvbuildError
 from .lock import LockResult, parse_lock
@@ -100,8 +102,8 @@ class ImageModel:
         """Names this layer builds from source. Each is built again in its step rather than taken
         from uv's cache of built wheels, which may hold one built with other build tools (another
         setuptools writes other metadata): the layer's bytes then follow from its lock."""
-        names = {n.split("==")[0].strip().lower().replace("_", "-") for n in self.built_from_source}
-        return sorted(n for n in layer.packages if n.lower().replace("_", "-") in names)
+        names = {canonicalize_name(n.split("==")[0]) for n in self.built_from_source}
+        return sorted(n for n in layer.packages if canonicalize_name(n) in names)
 
     @property
     def needs_torch_index(self) -> bool:

@@ -117,30 +117,21 @@ def outcome(level: str, engine: str, expect: dict, status: str, cause: str, deta
 def _run(cmd: list[str], timeout: float, env: dict | None, on_timeout,
          cwd: str | None = None) -> tuple[int | None, str, str, float]:
     """Run in its own process group; on timeout kill the group (torchrun's children too)."""
-    t0 = time.monotonic()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                         start_new_session=True, cwd=cwd)
-    try:
-        out, err = p.communicate(timeout=timeout)
-        return p.returncode, out, err, time.monotonic() - t0
-    except subprocess.TimeoutExpired:
-        on_timeout(p)
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        out, err = p.communicate()
-        return None, out, err, time.monotonic() - t0
+    rc, out, err, _ends, wall = _run_levels(cmd, [""], [timeout], None, None, on_timeout, env=env, cwd=cwd)
+    return rc, out, err, wall
 
 
-def _run_levels(cmd: list[str], levels: list[str], limits: list[float], ldir: Path, on_level,
-                on_timeout) -> tuple[int | None, str, str, list[float], float]:
-    """Run a probe that writes `ldir/<level>.json` as each level ends. Each level has its limit,
-    counted from the end of the one below; on_level(level) is called as each starts.
-    -> (exit code, None if killed at a limit; stdout; stderr; seconds at which each level ended; wall)."""
+def _run_levels(cmd: list[str], levels: list[str], limits: list[float], ldir: Path | None, on_level,
+                on_timeout, env: dict | None = None,
+                cwd: str | None = None) -> tuple[int | None, str, str, list[float], float]:
+    """Run a probe in its own process group, which writes `ldir/<level>.json` as each level ends
+    (no ldir: one level, the whole run). Each level has its limit, counted from the end of the one
+    below; past it the group is killed (torchrun's children too). on_level(level) is called as each
+    starts. -> (exit code, None if killed at a limit; stdout; stderr; seconds at which each level
+    ended; wall)."""
     t0 = time.monotonic()
     with tempfile.TemporaryFile("w+") as fo, tempfile.TemporaryFile("w+") as fe:
-        p = subprocess.Popen(cmd, stdout=fo, stderr=fe, text=True, start_new_session=True)
+        p = subprocess.Popen(cmd, stdout=fo, stderr=fe, text=True, env=env, cwd=cwd, start_new_session=True)
         ends: list[float] = []
         if on_level:
             on_level(levels[0])
@@ -150,7 +141,7 @@ def _run_levels(cmd: list[str], levels: list[str], limits: list[float], ldir: Pa
                 rc = p.wait(timeout=0.2)
             except subprocess.TimeoutExpired:
                 rc = None
-            while len(ends) < len(levels) and (ldir / f"{levels[len(ends)]}.json").is_file():
+            while ldir is not None and len(ends) < len(levels) and (ldir / f"{levels[len(ends)]}.json").is_file():
                 ends.append(time.monotonic() - t0)
                 if on_level and len(ends) < len(levels) and rc is None:
                     on_level(levels[len(ends)])
