@@ -22,7 +22,7 @@ from . import image
 from .base import Base, resolve_base
 from .errors import EnvbuildError
 from .fsutil import write_atomic
-from .layers import STAGES, ImageModel, expected_text, model_for
+from .layers import STAGES, STEP_CACHE_DIR, ImageModel, expected_text, model_for
 from .lock import Locker, LockResult
 from .matrix import Combo, add_selector_args, matrix_from_args, plan_from_args
 from .paths import templates_dir
@@ -69,7 +69,8 @@ def render_stages(model: ImageModel, stages=STAGES, from_ref: str | None = None,
     lab = image.render_labels(model.combo, model.base, model.era, model.lock_hash, model.torch_index)
     return _env().get_template("Dockerfile.j2").render(
         combo=model.combo, model=model, stages=tuple(stages), from_ref=from_ref or model.base.pinned,
-        header=header, labels=lab, normalize=NORMALIZE, epoch=EPOCH).lstrip("\n")
+        header=header, labels=lab, normalize=NORMALIZE, epoch=EPOCH,
+        step_cache_dir=STEP_CACHE_DIR).lstrip("\n")
 
 
 def render_dockerfile(combo: Combo, lock: LockResult, base: Base) -> str:

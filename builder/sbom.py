@@ -25,7 +25,7 @@ class PyPackage:
     version: str
     hashes: tuple[str, ...]
     layer: str
-    env: str  # "venv" (the stack) or "tools" (uv's own venv)
+    env: str  # "venv" (the stack) or "tools" (uv, under its own prefix)
 
 
 @dataclass(frozen=True)

@@ -161,6 +161,13 @@ def test_build_push_pull_and_no_secret_in_layers(services, base, tmp_path):
                           hf.image["ref"]).stdout.splitlines()
         torch_rows = [int(r.split("\t")[0]) for r in rows if "locks/torch.txt" in r and "uv pip install" in r]
         assert torch_rows and torch_rows[0] > 1_000_000_000, rows
+        # the torch lock's steps unpacked into a cache of their own and hardlinked from it: the
+        # cache is gone and every installed file has one link (no second copy in the layer)
+        from envbuild.layers import STEP_CACHE_DIR
+        p = engine.cmd("run", "--rm", "--network", "host", "--entrypoint", "sh", hf.image["ref"], "-c",
+                       f"test ! -e {STEP_CACHE_DIR} && find /opt/venv/lib -type f -links +1 | wc -l && "
+                       "find /opt/venv/lib/python3.11/site-packages/torch -type f | wc -l", check=False)
+        assert p.returncode == 0 and p.stdout.split()[0] == "0" and int(p.stdout.split()[1]) > 1000, p.stdout + p.stderr
 
         # the second build took the first's torch layer from the cache instead of installing it again
         log = (results / hf.log).read_text()

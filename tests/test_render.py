@@ -238,6 +238,25 @@ def test_a_source_build_is_built_again_in_its_own_step_not_taken_from_the_wheel_
     assert ImageModel.from_dict(r.model.to_dict()) == r.model
 
 
+def test_torch_lock_layers_unpack_into_a_cache_of_their_own_and_hardlink(tmp_path):
+    # The torch lock's steps (large pinned wheels) keep no unpacked copy in the shared cache mount
+    # and link from a cache in their own filesystem, removed in the same step; the engine and verl
+    # steps, whose many packages recur across combinations, keep using the shared cache.
+    from envbuild.layers import STEP_CACHE_DIR
+    r = render_combo(VLLM, fake_lock(VLLM, nvidia=NVIDIA), NV, tmp_path)
+    runs = {re.search(r"source=locks/([a-z-]+)\.txt", x).group(1): x for x in _runs(r.dockerfile.read_text())
+            if "source=locks/" in x and "check-env" not in x and "tools.txt" not in x}
+    torch_lock = {l.name for l in r.model.layers if l.source == "torch"}
+    assert torch_lock >= {"cuda-cudnn", "torch-deps", "torch"} and set(runs) - torch_lock == {"engine", "kernels", "verl"}
+    for name, text in runs.items():
+        own = name in torch_lock
+        assert ("--mount=type=cache,id=envbuild-uv" in text) != own, name
+        assert (f"--cache-dir {STEP_CACHE_DIR} --link-mode hardlink" in text) == own, name
+        if own:  # removed before the step's files are normalized and committed
+            assert text.index(f"rm -rf {STEP_CACHE_DIR};") > text.index("uv pip install"), name
+            assert text.index(f"rm -rf {STEP_CACHE_DIR};") < text.index("find /opt"), name
+
+
 def test_one_base_type_and_resolver():
     """render, ci bake and build resolve bases with envbuild.base.resolve_base; an image pulled
     from a registry is pinned by its registry digest, a local-only one is not."""
