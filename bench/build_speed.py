@@ -145,6 +145,8 @@ def main(argv=None) -> int:
     common = ["--base", "bootstrap", "--results", str(results)]
     lock = Locker(m, meta).lock(a, work / "locks")
     assert lock.ok, lock.detail
+    # The second's lock too: no timed build includes resolution (the naive one needs the lock first).
+    assert Locker(m, meta).lock(b, work / "locks").ok
     ca = default_ca_bundle()
     images: list[str] = []
     out: dict = {"combo": a.id, "second": b.id, "base": base, "engine": engine.describe(),
