@@ -40,6 +40,7 @@ def stage_sources(model: ImageModel, stage: str) -> list[str]:
     """The context files a stage reads (COPY or bind mount), from the model."""
     srcs = ["envbuild/etc", "envbuild/secrets-env.sh", "locks/tools.txt"] if stage == "torch" else \
         ["envbuild/secrets-env.sh"]
+    srcs.append("envbuild/settle-overlaps.py")  # every stage installs
     srcs += [l.lock_file for l in model.stage_layers(stage)]
     if any(model.constrains_builds(l) for l in model.stage_layers(stage)):
         srcs.append(BUILD_CONSTRAINTS)

@@ -90,6 +90,7 @@ def context_files(model: ImageModel, dockerfile: str) -> dict[str, bytes]:
     files: dict[str, bytes] = {"Dockerfile": dockerfile.encode(),
                                "envbuild/secrets-env.sh": (templates_dir() / "secrets-env.sh").read_bytes(),
                                "envbuild/check-env.py": (templates_dir() / "check-env.py").read_bytes(),
+                               "envbuild/settle-overlaps.py": (templates_dir() / "settle-overlaps.py").read_bytes(),
                                **{f"envbuild/etc/{n}": b"" for n in ETC_STUBS},
                                "locks/tools.txt": model.tools.encode(),
                                "locks/expected.txt": expected_text(model).encode()}
