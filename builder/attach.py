@@ -405,8 +405,21 @@ def read_image_files(image: str, paths: list[str], engine=None) -> dict[str, byt
     return out
 
 
-def _layer_order(dockerfile: str) -> list[str]:
-    return [m for m in re.findall(r"^COPY locks/([\w.-]+)\.txt ", dockerfile, re.M) if m != "tools"]
+def _layer_order(ctx: Path, locks: dict[str, bytes]) -> list[str]:
+    """The image's layer locks in install order, from the model render_combo saved beside the
+    build context; each layer's text must be the context's lock file (which the content hash
+    covers), so the order is the only thing taken from outside the hashed context."""
+    saved = ctx.parent / f"{ctx.name}.json"
+    try:
+        layers = [(l["name"], l["text"]) for l in json.loads(saved.read_text())["model"]["layers"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise InputError(str(saved), None, "model.layers", None,
+                         f"the rendered model beside the build context is missing or unreadable ({e}); re-render")
+    for name, text in layers:
+        if locks.get(name, b"").decode(errors="replace") != text:
+            raise InputError(str(saved), None, "model.layers", name,
+                             f"differs from the build context's locks/{name}.txt; re-render")
+    return [name for name, _ in layers]
 
 
 def statements_for(row: dict, records: list, results: str | Path, engine=None) -> list[dict]:
@@ -457,7 +470,7 @@ def statements_for(row: dict, records: list, results: str | Path, engine=None) -
         raise InfraError("daemon-error", f"{row['image']['pinned']}: not in the local engine; pull it to read its "
                                          "dpkg database for the SBOM")
     files = read_image_files(local, ["/var/lib/dpkg/status", "/etc/os-release"], engine)
-    order = _layer_order(dockerfile.decode())
+    order = _layer_order(ctx, locks)
     py = sbom.python_packages([(n, locks[n].decode()) for n in order if n in locks],
                               locks["tools"].decode() if "tools" in locks else None)
     debs = sbom.parse_dpkg_status((files["/var/lib/dpkg/status"] or b"").decode(errors="replace"))

@@ -342,3 +342,31 @@ def test_pick_verify_attestations(keys, tmp_path, capsys, monkeypatch):
         assert out.strip() == ref and "tested:" in err
     finally:
         reg.close()
+
+
+def test_the_sboms_layer_order_comes_from_the_rendered_model_and_must_match_the_context(tmp_path):
+    # The SBOM assigns each package to the layer that installs it last; the order is the model's
+    # (saved beside the context), never read back out of the generated Dockerfile.
+    from envbuild.base import Base
+    from envbuild.errors import InputError
+    from envbuild.lock import LayerLock, LockResult
+    from envbuild.matrix import Combo
+    from envbuild.render import render_combo
+
+    combo = Combo(verl="0.4.1", engine="hf", engine_version="", torch="2.6.0", cuda="cu124", python="3.11",
+                  cuda_toolkit="12.4", base_image="debian", glibc="2.36")
+    t, v = "torch==2.6.0 \\\n    --hash=sha256:" + "a" * 64 + "\n", "verl==0.4.1 \\\n    --hash=sha256:" + "b" * 64 + "\n"
+    lock = LockResult(combo, "ok", layers=[LayerLock("torch", t, "x", {"torch": "2.6.0"}, "2025-07-11", "k"),
+                                           LayerLock("verl", v, "x", {"verl": "0.4.1"}, "2025-07-11", "k")],
+                      lock_hash="ab" * 32, era="2025-07-11", full_lock=t + v, tools="")
+    ctx = render_combo(combo, lock, Base("image", "debian"), tmp_path).context_dir
+    locks = {p.stem: p.read_bytes() for p in (ctx / "locks").glob("*.txt")}
+    order = attach._layer_order(ctx, locks)
+    assert order[-2:] == ["torch", "verl"] and "tools" not in order
+    py = {p.name: p.layer for p in sbom.python_packages([(n, locks[n].decode()) for n in order])}
+    assert py == {"torch": "torch", "verl": "verl"}
+    with pytest.raises(InputError, match="differs from the build context's locks/verl.txt"):
+        attach._layer_order(ctx, {**locks, "verl": b"verl==0.4.2\n"})
+    (tmp_path / f"{combo.id}.json").unlink()
+    with pytest.raises(InputError, match="missing or unreadable"):
+        attach._layer_order(ctx, locks)

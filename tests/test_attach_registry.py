@@ -23,7 +23,10 @@ from envbuild.docker import detect
 from envbuild.errors import EnvbuildError
 from envbuild.record import Record, write_record
 from envbuild.registry import Registry
-from envbuild.render import PROBE_DIR, context_hash
+from envbuild.base import Base
+from envbuild.lock import LayerLock, LockResult
+from envbuild.matrix import Combo
+from envbuild.render import context_hash, render_combo
 from envbuild.sign import write_keypair
 
 pytestmark = pytest.mark.docker
@@ -40,7 +43,6 @@ Source: glibc
 Version: 2.36-9+deb12u7
 """
 OS_RELEASE = b'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\nVERSION_ID="12"\n'
-LOCK = "torch==2.6.0 \\\n    --hash=sha256:" + "a" * 64 + "\nverl==0.4.1 \\\n    --hash=sha256:" + "b" * 64 + "\n"
 
 
 def _tar(files: dict[str, bytes]) -> bytes:
@@ -84,16 +86,16 @@ def env():
 
 
 def _results(tmp_path, tag, pinned, image_id):
-    """A results folder as `envbuild build --push` leaves it for one combination."""
-    c = {"id": "verl0.4.1-hf-torch2.6.0-cu124-py3.11", "verl": "0.4.1", "engine": "hf", "engine_version": None,
-         "torch": "2.6.0", "cuda": "12.4", "python": "3.11", "tag": "verl0.4.1-hf-torch2.6.0-cu124-py3.11"}
-    ctx = tmp_path / "results" / "contexts" / c["id"]
-    (ctx / "locks").mkdir(parents=True)
-    (ctx / PROBE_DIR).mkdir()
-    (ctx / "Dockerfile").write_text(f"FROM {tag}\nCOPY locks/torch.txt /x\nCOPY locks/verl.txt /y\n")
-    (ctx / "locks" / "torch.txt").write_text(LOCK)
-    (ctx / "locks" / "verl.txt").write_text("# verl\n")
-    (ctx / PROBE_DIR / "__init__.py").write_text("# probe\n")
+    """A results folder as `envbuild build --push` leaves it for one combination: the build
+    context and model rendered by envbuild (render_combo) from a two-layer lock."""
+    combo = Combo(verl="0.4.1", engine="hf", engine_version="", torch="2.6.0", cuda="cu124", python="3.11",
+                  cuda_toolkit="12.4", base_image=tag, glibc="2.36")
+    torch_l, verl_l = (f"{n}=={v} \\\n    --hash=sha256:{h * 64}\n" for n, v, h in (("torch", "2.6.0", "a"), ("verl", "0.4.1", "b")))
+    lock = LockResult(combo, "ok", layers=[LayerLock("torch", torch_l, "x", {"torch": "2.6.0"}, "2025-07-11", "k"),
+                                           LayerLock("verl", verl_l, "x", {"verl": "0.4.1"}, "2025-07-11", "k")],
+                      lock_hash="ab" * 32, era="2025-07-11", full_lock=torch_l + verl_l, tools="")
+    ctx = render_combo(combo, lock, Base("image", tag), tmp_path / "results" / "contexts").context_dir
+    c = combo.to_dict()
     pv = {"status": "pass", "checks": []}
     rec = Record(combo=c, stage="probe", status="ok", base={"kind": "image", "ref": tag},
                  image={"ref": tag, "id": image_id, "digest": pinned, "content_hash": context_hash(ctx), "size": 1},
