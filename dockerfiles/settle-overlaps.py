@@ -79,7 +79,7 @@ def main(argv):
     for path, dists in sorted(found.items()):
         keep.setdefault(max(dists), []).append(path)
         print(f"envbuild: {' and '.join(sorted(dists))} write {os.path.relpath(path, sys.prefix)} with "
-              f"different bytes; {max(dists)}'s is kept")
+              f"different bytes; {max(dists)}'s is kept", flush=True)  # before the reinstall's output
     subprocess.run(cmd + [a for d in sorted(keep) for a in ("--reinstall-package", d)], check=True)
     now = records(site, set(keep))
     wrong = [p for d, paths in keep.items() for p in paths
