@@ -31,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from build_speed import _cold, _prune_own_cache, latest  # noqa: E402
+from build_speed import _cold, _prune_own_cache, envbuild, latest  # noqa: E402
 
 STEP = re.compile(r"^#(\d+) \[[^\]]*\] (.*)$", re.M)
 DONE = re.compile(r"^#(\d+) DONE ([0-9.]+)s$", re.M)
@@ -58,8 +58,7 @@ def step_seconds(log: str) -> dict[str, float]:
     names = {}
     for n, text in STEP.findall(log):
         m = re.search(r": envbuild layer ([a-z-]+) from", text)
-        names[n] = m.group(1) if m else ("tools" if "locks/tools.txt" in text else
-                                         "export" if text.startswith("exporting") else None)
+        names[n] = m.group(1) if m else ("tools" if "locks/tools.txt" in text else None)
     out: dict[str, float] = {}
     for n, secs in DONE.findall(log):
         if names.get(n):
@@ -106,10 +105,7 @@ def main(argv=None) -> int:
                 results = work / f"{side}-{i}"
                 env = {**os.environ, "PYTHONPATH": f"{py}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
                 print(f"[{i + 1}/{args.repeat}] {side}: cold build of {combo.id} ...", file=sys.stderr)
-                t = time.monotonic()
-                p = subprocess.run([sys.executable, "-m", "envbuild", "build", *sel, "--results", str(results),
-                                    "--rebuild", "--no-cache"], capture_output=True, text=True, env=env)
-                secs = time.monotonic() - t
+                secs, p = envbuild("build", *sel, "--results", str(results), "--rebuild", "--no-cache", env=env)
                 assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
                 rec = latest(results, combo.id)
                 runs[side].append({"seconds": round(secs, 1), "build": rec.timings.get("build"),

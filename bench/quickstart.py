@@ -37,11 +37,13 @@ REGISTRY = "127.0.0.1:5000"
 STEP = re.compile(r"^== quickstart \[(\d+)m(\d+)s\] (.*)$")
 
 
+def images(docker: str, pattern: str) -> list[str]:
+    p = subprocess.run([docker, "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True)
+    return [i for i in p.stdout.split() if re.match(pattern, i)]
+
+
 def found_on_machine(docker: str) -> dict:
     """What the quickstart would otherwise install or build."""
-    def images(pattern: str) -> list[str]:
-        p = subprocess.run([docker, "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True)
-        return [i for i in p.stdout.split() if re.match(pattern, i)]
     from envbuild.docker import detect
     own = [e for e in detect().cache_entries() if "/opt/envbuild/" in e.get("Description", "")]
     try:
@@ -52,7 +54,7 @@ def found_on_machine(docker: str) -> dict:
     except OSError:
         registry = {"answers": False, "has_envbuild_verl": False}
     return {"installed": {c: bool(shutil.which(c)) for c in ("dockerd", "docker-registry", "debootstrap", "skopeo")},
-            "base_images": images(r"^envbuild/base:"), "envbuild_images": images(r"(^|.*/)envbuild/verl:"),
+            "base_images": images(docker, r"^envbuild/base:"), "envbuild_images": images(docker, r"(^|.*/)envbuild/verl:"),
             "envbuild_build_cache_entries": len(own), "registry": registry}
 
 
@@ -62,8 +64,7 @@ def make_cold(docker: str) -> None:
 
     from envbuild.docker import detect
     engine = detect()
-    p = subprocess.run([docker, "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True)
-    mine = [i for i in p.stdout.split() if re.match(r"^(envbuild/base|envbuild/verl|.*/envbuild/verl):", i)]
+    mine = images(docker, r"^(envbuild/base|envbuild/verl|.*/envbuild/verl):")
     if mine:
         engine.remove(*mine, force=True)
     _cold(engine)
@@ -98,14 +99,14 @@ def main(argv=None) -> int:
     wall = round(time.monotonic() - t0, 1)
     for a, b in zip(steps, steps[1:]):
         a["seconds"] = round(b["at_wall_s"] - a["at_wall_s"], 1)
+    from envbuild.record import iter_records
+
     records = []
-    for f in sorted((clone / "results" / "records").glob("*/*.json")):
-        d = json.loads(f.read_text())
-        records.append({"combo": d["combo"]["id"], "status": d["status"], "stage": d["stage"],
-                        "timings": d.get("timings", {}), "image_bytes": (d.get("image") or {}).get("size"),
-                        "digest": (d.get("image") or {}).get("digest"),
+    for r in iter_records(clone / "results"):
+        records.append({"combo": r.combo["id"], "status": r.status, "stage": r.stage, "timings": r.timings,
+                        "image_bytes": (r.image or {}).get("size"), "digest": (r.image or {}).get("digest"),
                         "probe": {lv: {"status": v.get("status"), "wall_s": (v.get("runner") or {}).get("wall_seconds")}
-                                  for lv, v in (d.get("probe") or {}).items()}})
+                                  for lv, v in r.probe.items()}})
     picked = next((ln.strip() for ln in reversed(lines) if re.search(r"@sha256:[0-9a-f]{64}$", ln.strip())), None)
     out = {"measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count(),
            "load_after": os.getloadavg(), "exit": rc, "wall_s": wall, "goal_s": GOAL_S, "picked": picked,

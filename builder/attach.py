@@ -409,10 +409,13 @@ def _layer_order(ctx: Path, locks: dict[str, bytes]) -> list[str]:
     """The image's layer locks in install order, from the model render_combo saved beside the
     build context; each layer's text must be the context's lock file (which the content hash
     covers), so the order is the only thing taken from outside the hashed context."""
-    saved = ctx.parent / f"{ctx.name}.json"
+    from .layers import ImageModel
+    from .render import meta_path, read_meta
+
+    saved = meta_path(ctx)
     try:
-        layers = [(l["name"], l["text"]) for l in json.loads(saved.read_text())["model"]["layers"]]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        layers = [(l.name, l.text) for l in ImageModel.from_dict(read_meta(ctx)["model"]).layers]
+    except (InputError, KeyError, TypeError) as e:
         raise InputError(str(saved), None, "model.layers", None,
                          f"the rendered model beside the build context is missing or unreadable ({e}); re-render")
     for name, text in layers:

@@ -23,7 +23,7 @@ from .layers import ImageModel
 from .lock import Locker
 from .matrix import matrix_from_args, plan_from_args
 
-from .render import BUILD_CONSTRAINTS, PROBE_DIR, base_for, render_combo, render_stages
+from .render import BUILD_CONSTRAINTS, PROBE_DIR, base_for, meta_path, read_meta, render_combo, render_stages
 
 
 def _hash_ctx(ctx: Path, srcs: list[str]) -> str:
@@ -108,28 +108,18 @@ def bake_file(rendered: list[dict], repo_default: str, cache_default: str) -> di
 def collect_rendered(combos, rendered_dir: Path, render_missing) -> list[dict]:
     out = []
     for c in combos:
-        meta_path = rendered_dir / f"{c.id}.json"
-        info = _read_meta(meta_path) if (rendered_dir / c.id / "Dockerfile").is_file() else None
+        ctx = rendered_dir / c.id
+        info = read_meta(ctx) if (ctx / "Dockerfile").is_file() else None
         if info is None or "model" not in info:  # missing, or rendered by an envbuild without the model
             render_missing(c)
-            info = _read_meta(meta_path)
+            info = read_meta(ctx)
         if info is None:
-            raise InputError(str(meta_path), None, "rendered", str(meta_path), "missing after rendering")
-        ctx = rendered_dir / c.id
+            raise InputError(str(meta_path(ctx)), None, "rendered", str(meta_path(ctx)), "missing after rendering")
         rel = os.path.relpath(ctx)
         out.append({"combo": info["combo"], "context": rel if not rel.startswith("..") else str(ctx.resolve()),
                     "content_hash": info["content_hash"], "lock_hash": info.get("lock_hash"),
                     "base": info["base"], "model": info["model"]})
     return out
-
-
-def _read_meta(path: Path) -> dict | None:
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise InputError(str(path), None, "rendered", str(path), f"unreadable ({e})") from None
 
 
 def run(args) -> int:

@@ -20,7 +20,7 @@ import jinja2
 
 from . import image
 from .base import Base, resolve_base
-from .errors import EnvbuildError
+from .errors import EnvbuildError, InputError
 from .fsutil import write_atomic
 from .layers import STAGES, STEP_CACHE_DIR, ImageModel, expected_text, model_for
 from .lock import Locker, LockResult
@@ -116,10 +116,26 @@ def render_combo(combo: Combo, lock: LockResult, base: Base, out_dir: str | Path
     for p in [*d.rglob("*"), d]:  # COPY keeps file times: one time for all, so layers repeat
         os.utime(p, (EPOCH, EPOCH), follow_symlinks=False)
     h = context_hash(d)
-    write_atomic(d.parent / f"{combo.id}.json", json.dumps(
+    write_atomic(meta_path(d), json.dumps(
         {"combo": combo.to_dict(), "content_hash": h, "base": base.to_dict(), "lock_hash": lock.lock_hash,
          "model": model.to_dict()}, indent=2, sort_keys=True) + "\n")
     return Rendered(combo, d, d / "Dockerfile", h, SECRETS, base, model)
+
+
+def meta_path(context_dir: str | Path) -> Path:
+    """What render_combo records beside a build context: combo, content hash, base, lock hash, model."""
+    return Path(context_dir).parent / f"{Path(context_dir).name}.json"
+
+
+def read_meta(context_dir: str | Path) -> dict | None:
+    """The record meta_path names; None where there is none."""
+    path = meta_path(context_dir)
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise InputError(str(path), None, "rendered", str(path), f"unreadable ({e})") from None
 
 
 def base_for(combo: Combo, choice: str, bootstrap_ref: str | None = None) -> Base:
