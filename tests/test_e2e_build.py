@@ -168,7 +168,7 @@ def test_build_push_pull_and_no_secret_in_layers(services, base, tmp_path):
                        f"test ! -e {STEP_CACHE_DIR} && find /opt/venv/lib -type f -links +1 | wc -l && "
                        "find /opt/venv/lib/python3.11/site-packages/torch -type f | wc -l", check=False)
         assert p.returncode == 0 and p.stdout.split()[0] == "0" and int(p.stdout.split()[1]) > 1000, p.stdout + p.stderr
-        # fastapi and fastapi-cli (vLLM's engine step) both write bin/fastapi; uv's parallel install
+        # fastapi and fastapi-cli (both in the verl step here) write bin/fastapi; uv's parallel install
         # left either one, settle-overlaps.py keeps fastapi-cli's (the last name) in every build
         vlog = (results / vllm.log).read_text()
         verl_step = re.search(r"^#(\d+) \[[^\]]*\] RUN .*source=locks/verl\.txt,.*$", vlog, re.M)
