@@ -20,7 +20,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from envbuild import __version__, attach, provenance, sbom
+from envbuild import __version__, attach, attest, provenance, sbom
 from envbuild.docker import detect
 from envbuild.registry import Registry
 from envbuild.sign import TEST_RESULT_PREDICATE, public_key_of, sign_statement, statement
@@ -77,12 +77,12 @@ def main() -> int:
             builder={"version": {"envbuild": __version__}}, run_id="20260101T000000-abcdef",
             started="2026-01-01T00:00:00Z", finished="2026-01-01T00:20:00Z"))
         signer = CryptoSigner.generate_ed25519()  # a throwaway key, written nowhere
-        sizes = {k.name: len(attach._canon(sign_statement(s, signer))) for k, s in zip(attach.KINDS, (tr, bom, prov))}
+        sizes = {k.name: len(attach._canon(sign_statement(s, signer))) for k, s in zip(attest.KINDS, (tr, bom, prov))}
         res = attach.attach_all(pinned, [tr, bom, prov], signer)
-        seen = attach.describe(attach.verify_image(pinned, public_key_of(signer)))  # what `envbuild verify` prints
+        seen = attest.describe(attest.verify_image(pinned, public_key_of(signer)))  # what `envbuild verify` prints
     finally:
         reg = Registry(a.registry)
-        got = reg.get_manifest(name, attach.att_tag(digest))
+        got = reg.get_manifest(name, attest.att_tag(digest))
         if got:
             reg.delete_manifest(name, got[0].digest)
         reg.delete_manifest(name, digest)

@@ -137,6 +137,9 @@ def build_run(label: str, rev: str, shim: Path, sel: list[str], port: int, work:
 def base_lock(sel: list[str], work: Path) -> dict:
     """A cold lock and a fresh debootstrap: one after the other, then overlapped (BaseFutures)."""
     from envbuild import build as B
+    from envbuild import buildlog as BL
+    from envbuild import pipeline as PL
+    from envbuild import progress as PR
     from envbuild.base import bootstrap
     from envbuild.docker import detect
     from envbuild.index import Metadata
@@ -171,7 +174,7 @@ def base_lock(sel: list[str], work: Path) -> dict:
         # Overlapped first: whatever a first download warms (a proxy, the mirror's own cache)
         # then favours the sequential run, so the saving reported is not flattered by it.
         print("base-lock: a cold lock and a fresh debootstrap at once (BaseFutures) ...", file=sys.stderr)
-        bases = B.BaseFutures(lambda c: boot(refs[0]), key=lambda c: "bootstrap")
+        bases = PL.BaseFutures(lambda c: boot(refs[0]), key=lambda c: "bootstrap")
         t = time.monotonic()
         bases.start(combo)
         lock_s = lock_once("ovl")

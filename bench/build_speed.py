@@ -232,7 +232,7 @@ def torch_pair(engine, m, meta, base_ref, args, work, images, ca) -> dict:
     installs, not a cache hit."""
     import dataclasses
 
-    from envbuild.base import Base
+    from envbuild.values import Base
     from envbuild.index import default_index_url
     from envbuild.lock import Locker
     from envbuild.matrix import Selectors, plan
@@ -284,7 +284,7 @@ def _layer_names(engine, ref: str, base_ref: str, model) -> list[str]:
 
 
 def _secret_files(values):
-    from envbuild.docker import secret_files
+    from envbuild.secretfiles import secret_files
 
     return secret_files(values)
 
@@ -318,7 +318,8 @@ def _pushed_bytes(ref: str) -> int | None:
     """Sum of the layer sizes in the pushed manifest (compressed bytes in the registry)."""
     import urllib.request
 
-    from envbuild.docker import MANIFEST_TYPES, registry_host, split_ref
+    from envbuild.push import MANIFEST_TYPES
+    from envbuild.values import registry_host, split_ref
 
     repo, tag = split_ref(ref)
     host = registry_host(repo)

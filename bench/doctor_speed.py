@@ -54,7 +54,9 @@ def main() -> int:
     ap.add_argument("--out", default=str(HERE / "doctor_speed.json"))
     args = ap.parse_args()
 
-    from envbuild.doctor import Options, check_config, check_fsdp, check_grpo, check_parquet, check_writable
+    from envbuild.doctor import Options, check_config, check_fsdp, check_grpo
+    from envbuild.doctor.data import check_parquet
+    from envbuild.doctor.output import check_writable
     from envbuild.verl_config import build_config
 
     rows_list = [int(x) for x in args.rows.split(",")]

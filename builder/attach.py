@@ -1,5 +1,5 @@
-"""Signed statements attached to an image digest as OCI artifacts (`envbuild attach`), and
-checked from the registry alone (`envbuild verify IMAGE@sha256:…`, `pick --verify-attestations`).
+"""The write side of the attestations on an image digest (`envbuild attach`); envbuild.attest
+checks them.
 
 Three in-toto Statements per pushed image, each in a DSSE envelope signed with the table key
 (the format cosign's `attest` writes: payloadType application/vnd.in-toto+json):
@@ -14,75 +14,29 @@ Where they go, both written on every attach:
     `subject` is the image and whose `artifactType` names the statement kind.
 A statement of ours re-attached replaces the older one in the tag; foreign layers (someone's
 cosign attestation) are kept.
-
-Verification trusts nothing the registry says: each envelope must carry a valid signature by
-the pinned key, and the signed statement must name this image digest and the predicate type
-the artifact claims. Unsigned, tampered, or for another digest is refused (exit 1); an
-envelope signed only by another key is ignored (it is not ours to judge); a kind with no valid
-statement is missing (exit 1).
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import re
-import subprocess
 import sys
-import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import provenance, sbom
-from .image import registry_host
+from .attest import (BY_PREDICATE, COSIGN_SIG_ANNOTATION, CREATED, DSSE_MEDIA_TYPE, EMPTY_MEDIA_TYPE, OCI_CONFIG,
+                     OCI_MANIFEST, att_tag, parse_image_ref)
+from .docker import Engine
 from .errors import InfraError, InputError
-from .sign import (IN_TOTO_PAYLOAD_TYPE, STATEMENT_TYPE, TEST_RESULT_PREDICATE, VerifyError,
-                   load_public_key, load_signer, public_key_of, sign_statement, verify_envelope)
+from .sign import STATEMENT_TYPE, load_signer, public_key_of, sign_statement
 
 if TYPE_CHECKING:  # envbuild.registry (oras, requests, jsonschema: ~0.5 s) is imported where a
     # registry is asked: `envbuild --help` imports every command's module.
-    from .registry import Descriptor, Registry
+    from .registry import Registry
 
-DSSE_MEDIA_TYPE = "application/vnd.dsse.envelope.v1+json"
-EMPTY_MEDIA_TYPE = "application/vnd.oci.empty.v1+json"
-OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
-COSIGN_SIG_ANNOTATION = "dev.cosignproject.cosign/signature"
-CREATED = "org.opencontainers.image.created"
-OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-
-
-@dataclass(frozen=True)
-class Kind:
-    name: str
-    predicate_type: str
-    artifact_type: str  # the referrers manifest's artifactType
-    cosign_type: str  # `cosign verify-attestation --type`
-
-
-KINDS = (
-    Kind("test-result", TEST_RESULT_PREDICATE, "application/vnd.envbuild.test-result.v1+dsse", TEST_RESULT_PREDICATE),
-    Kind("sbom", sbom.PREDICATE_TYPE, "application/vnd.envbuild.sbom.cyclonedx.v1+dsse", "cyclonedx"),
-    Kind("provenance", provenance.PREDICATE_TYPE, "application/vnd.envbuild.provenance.slsa.v1+dsse",
-         "slsaprovenance1"),
-)
-BY_PREDICATE = {k.predicate_type: k for k in KINDS}
-_PINNED = re.compile(r"^(?P<repo>[^@\s]+)@(?P<digest>sha256:[0-9a-f]{64})$")
-
-
-def parse_image_ref(ref: str) -> tuple[str, str, str]:
-    """'host/name@sha256:…' -> (host, name, digest); anything else is an input error."""
-    m = _PINNED.match(ref or "")
-    host = registry_host(m["repo"]) if m else None
-    if not m or not host:
-        raise InputError("IMAGE", None, "image", ref, "expected REGISTRY/NAME@sha256:<64 hex> (a pushed image, by digest)")
-    return host, m["repo"][len(host) + 1:], m["digest"]
-
-
-def att_tag(digest: str) -> str:
-    return digest.replace(":", "-") + ".att"
 
 
 def _now() -> str:
@@ -192,217 +146,7 @@ def attach_all(image_ref: str, statements: list[dict], key, registry: Registry |
     return AttachResult(image_ref, has_referrers, tag, [k.name for k, _ in envelopes], added, mdigests)
 
 
-# ---------------------------------------------------------------- fetch
-
-
-@dataclass
-class Attached:
-    source: str  # "referrers" or "tag"
-    predicate_type: str | None  # what the artifact claims (annotation), not yet trusted
-    raw: bytes
-    created: str | None = None
-    where: str = ""
-
-
-def fetch(image_ref: str, registry: Registry | None = None) -> tuple[Descriptor | None, list[Attached]]:
-    """(the image's descriptor or None if the registry lacks it, every DSSE envelope attached)."""
-    from .registry import Registry
-
-    host, name, digest = parse_image_ref(image_ref)
-    reg = registry or Registry(host)
-    subject = reg.head_manifest(name, digest)
-    if subject is None:
-        return None, []
-    out: list[Attached] = []
-    refs = reg.referrers(name, digest)
-    for desc in refs or []:
-        got = reg.get_manifest(name, desc.get("digest", ""))
-        if not got:
-            continue
-        out += _envelopes_of(reg, name, got[1], "referrers", f"{name}@{got[0].digest}", want_subject=digest)
-    got = reg.get_manifest(name, att_tag(digest))
-    if got:
-        out += _envelopes_of(reg, name, got[1], "tag", f"{name}:{att_tag(digest)}")
-    return subject, out
-
-
-def _envelopes_of(reg: Registry, name: str, body: bytes, source: str, where: str,
-                  want_subject: str | None = None) -> list[Attached]:
-    try:
-        m = json.loads(body)
-    except ValueError:
-        return []
-    if want_subject and (m.get("subject") or {}).get("digest") != want_subject:
-        return []  # a referrers index listing a manifest about something else: not this image's
-    created = (m.get("annotations") or {}).get(CREATED)
-    out = []
-    for layer in m.get("layers") or []:
-        if not isinstance(layer, dict) or layer.get("mediaType") != DSSE_MEDIA_TYPE:
-            continue
-        raw = reg.get_blob(name, layer.get("digest", ""))
-        if raw is None:
-            continue
-        out.append(Attached(source, (layer.get("annotations") or {}).get("predicateType"), raw, created,
-                            f"{where} layer {layer.get('digest', '')[:19]}…"))
-    return out
-
-
-# ---------------------------------------------------------------- verify
-
-
-@dataclass
-class Checked:
-    kind: Kind
-    statement: dict
-    source: str
-    created: str | None
-
-
-@dataclass
-class Report:
-    image: str
-    keyid: str
-    checked: dict[str, Checked]  # kind name -> the newest valid statement
-    ignored: list[str]  # envelopes signed only by other keys
-    sources: set[str]
-
-
-def verify_image(image_ref: str, pubkey, registry: Registry | None = None) -> Report:
-    """Fetch and check every attachment; raise VerifyError naming every problem."""
-    key = load_public_key(pubkey)
-    _, _, digest = parse_image_ref(image_ref)
-    subject, found = fetch(image_ref, registry)
-    if subject is None:
-        raise VerifyError(f"{image_ref}: no such image in the registry")
-    problems, ignored = [], []
-    valid: dict[str, list[Checked]] = {}
-    for a in found:
-        kind = BY_PREDICATE.get(a.predicate_type or "")
-        try:
-            env = json.loads(a.raw)
-        except ValueError:
-            if kind:
-                problems.append(f"{a.where}: not a DSSE envelope (not JSON)")
-            continue
-        sigs = env.get("signatures") if isinstance(env, dict) else None
-        keyids = {s.get("keyid") for s in sigs or [] if isinstance(s, dict)}
-        if isinstance(sigs, list) and sigs and key.keyid not in keyids:
-            ignored.append(f"{a.where} ({a.predicate_type}): signed by another key")
-            continue
-        try:
-            payload, ptype = verify_envelope(env, key, a.where)
-        except VerifyError as e:
-            if kind:
-                problems.append(str(e))
-            continue
-        try:
-            st = json.loads(payload)
-        except ValueError:
-            problems.append(f"{a.where}: signed payload is not JSON")
-            continue
-        subj = [s.get("digest", {}).get("sha256") for s in st.get("subject", []) if isinstance(s, dict)]
-        if ptype != IN_TOTO_PAYLOAD_TYPE or st.get("_type") != STATEMENT_TYPE:
-            problems.append(f"{a.where}: not an in-toto Statement v1")
-            continue
-        if digest.split(":", 1)[1] not in subj:
-            problems.append(f"{a.where}: signed statement is for another image "
-                            f"(sha256:{(subj[0] or '?')[:12] if subj else '?'}…, not {digest[:19]}…): moved attachment")
-            continue
-        signed_kind = BY_PREDICATE.get(st.get("predicateType"))
-        if a.predicate_type != st.get("predicateType"):
-            problems.append(f"{a.where}: labelled {a.predicate_type!r} but the signed statement is "
-                            f"{st.get('predicateType')!r}")
-            continue
-        if signed_kind:
-            valid.setdefault(signed_kind.name, []).append(Checked(signed_kind, st, a.source, a.created))
-    for k in KINDS:
-        if k.name not in valid:
-            problems.append(f"{image_ref}: no valid {k.name} attestation signed by key {key.keyid[:16]}… "
-                            f"({len(found)} attachment(s) found)")
-    if problems:
-        raise VerifyError("; ".join(problems))
-    checked = {n: max(v, key=lambda c: c.created or "") for n, v in valid.items()}
-    return Report(image_ref, key.keyid, checked, ignored, {a.source for a in found})
-
-
-def describe(rep: Report) -> list[str]:
-    """What a user reads: what was tested, at which level, when; what is inside; how built."""
-    t = rep.checked["test-result"].statement["predicate"]
-    e = t.get("envbuild") or {}
-    levels = e.get("levels") or {}
-    order = ("env", "contract", "gpu")
-    lv = ", ".join(f"{n} {v.get('status')}" + (f" ({v.get('created')})" if v.get("created") else "")
-                   for n, v in sorted(levels.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 9))
-    cfg = {c.get("name"): c for c in t.get("configuration") or [] if isinstance(c, dict)}
-    combo = (cfg.get("envbuild-combination") or {}).get("annotations") or {}
-    where = " + ".join(sorted({"OCI referrers" if s == "referrers" else "tag sha256-….att" for s in rep.sources}))
-    lines = [f"OK: {rep.image}",
-             f"  signed by keyid {rep.keyid[:16]}… ({len(rep.checked)} attestations, via {where})",
-             f"  combination: {combo.get('id', '?')}",
-             f"  tested:  {t.get('result')}; best level {e.get('best_level') or 'none'} ({e.get('status')}); {lv}"]
-    if e.get("timings"):
-        stages = ("lock", "render", "build", "push", "probe")
-        tm = sorted(e["timings"].items(), key=lambda kv: stages.index(kv[0]) if kv[0] in stages else 9)
-        lines.append("           timings: " + ", ".join(f"{k} {v:.0f} s" if isinstance(v, (int, float)) else f"{k} {v}"
-                                                     for k, v in tm))
-    probe = (cfg.get("envbuild-probe") or {}).get("digest", {}).get("sha256")
-    if probe:
-        lines.append(f"           probe code sha256:{probe[:16]}…")
-    s = sbom.summary(rep.checked["sbom"].statement["predicate"])
-    keyv = ", ".join(f"{k} {v}" for k, v in sorted(s["key_versions"].items()))
-    lines.append(f"  inside:  {s['python_packages']} Python packages ({keyv or 'none of the key ones'}), "
-                 f"{s['debian_packages']} Debian packages ({s['os'] or 'os unknown'})")
-    p = provenance.summary(rep.checked["provenance"].statement["predicate"])
-    base_d = f"@sha256:{p['base_digest'][:12]}…" if p["base_digest"] else " (digest unknown)"
-    lines.append(f"  built:   FROM {p['base']}{base_d}; Dockerfile sha256:{(p['dockerfile_sha256'] or '?')[:12]}…; "
-                 f"lock sha256:{(p['lock_hash'] or '?')[:12]}…; {len(p['locks'])} lock files; "
-                 f"by envbuild {(p['builder'] or {}).get('envbuild', '?')} at {p['built']}")
-    for i in rep.ignored:
-        lines.append(f"  note: ignored {i}")
-    return lines
-
-
-def verify_cli(image_ref: str, pubkey) -> int:
-    """`envbuild verify IMAGE@sha256:…`: print the report; VerifyError (exit 1) otherwise."""
-    pubkey = pubkey or os.environ.get("ENVBUILD_PUBKEY")
-    if not pubkey:
-        raise VerifyError("verifying an image needs a pinned key: pass --pubkey KEY (or set $ENVBUILD_PUBKEY)")
-    for line in describe(verify_image(image_ref, pubkey)):
-        print(line)
-    return 0
-
-
-def is_image_ref(arg: str) -> bool:
-    return bool(arg) and _PINNED.match(arg) is not None and not Path(arg).exists()
-
-
 # ---------------------------------------------------------------- statements from results
-
-
-def _docker_client(engine) -> str:
-    return engine.client if engine is not None else "docker"
-
-
-def read_image_files(image: str, paths: list[str], engine=None) -> dict[str, bytes | None]:
-    """Files out of an image without running it: `docker create` + `docker cp` (a tar stream)."""
-    client = _docker_client(engine)
-    p = subprocess.run([client, "create", image, "/envbuild-never-runs"], capture_output=True, text=True)
-    if p.returncode != 0:
-        raise InfraError("daemon-error", f"docker create {image}: {(p.stderr or p.stdout).strip()[-300:]}")
-    cid = p.stdout.strip()
-    out: dict[str, bytes | None] = {}
-    try:
-        for path in paths:
-            cp = subprocess.run([client, "cp", "-L", f"{cid}:{path}", "-"], capture_output=True)
-            if cp.returncode != 0:
-                out[path] = None
-                continue
-            with tarfile.open(fileobj=io.BytesIO(cp.stdout)) as tf:
-                member = next((m for m in tf.getmembers() if m.isfile()), None)
-                out[path] = tf.extractfile(member).read() if member else None
-    finally:
-        subprocess.run([client, "rm", "-f", cid], capture_output=True)
-    return out
 
 
 def _layer_order(ctx: Path, locks: dict[str, bytes]) -> list[str]:
@@ -467,12 +211,13 @@ def statements_for(row: dict, records: list, results: str | Path, engine=None) -
         tr["predicate"]["configuration"].append({"name": "envbuild-probe", "digest": {"sha256": probe_sha}})
 
     # 2. sbom from the locks (Dockerfile order) and the image's dpkg database.
+    engine = engine or Engine.for_containers()
     local = next((ref for ref in (row["image"]["pinned"], (rec.image or {}).get("ref"), (rec.image or {}).get("id"))
-                  if ref and _image_local(ref, engine)), None)
+                  if ref and engine.image_exists(ref)), None)
     if local is None:
         raise InfraError("daemon-error", f"{row['image']['pinned']}: not in the local engine; pull it to read its "
                                          "dpkg database for the SBOM")
-    files = read_image_files(local, ["/var/lib/dpkg/status", "/etc/os-release"], engine)
+    files = engine.read_files(local, ["/var/lib/dpkg/status", "/etc/os-release"])
     order = _layer_order(ctx, locks)
     py = sbom.python_packages([(n, locks[n].decode()) for n in order if n in locks],
                               locks["tools"].decode() if "tools" in locks else None)
@@ -493,23 +238,17 @@ def statements_for(row: dict, records: list, results: str | Path, engine=None) -
     return [tr, statement(repo, hexd, sbom.PREDICATE_TYPE, bom), statement(repo, hexd, provenance.PREDICATE_TYPE, pred)]
 
 
-def _image_local(ref: str, engine) -> bool:
-    return subprocess.run([_docker_client(engine), "image", "inspect", ref], capture_output=True).returncode == 0
-
-
-def _base_digest(ref: str | None, engine) -> dict:
+def _base_digest(ref: str | None, engine: Engine) -> dict:
     """A registry base: its repo digest; a local one (bootstrap): its image id (a config digest)."""
     if not ref:
         return {}
-    p = subprocess.run([_docker_client(engine), "image", "inspect", "--format",
-                        "{{json .RepoDigests}} {{.Id}}", ref], capture_output=True, text=True)
-    if p.returncode != 0:
+    info = engine.inspect(ref)
+    if info is None:
         return {"digest": None}
-    repo_digests, _, iid = p.stdout.strip().partition(" ")
-    rd = [d for d in json.loads(repo_digests or "[]") if "@" in d]
+    rd = [d for d in info.get("RepoDigests") or [] if "@" in d]
     if rd:
         return {"digest": rd[0].split("@", 1)[1], "digest_kind": "registry"}
-    return {"digest": iid or None, "digest_kind": "image-id"}
+    return {"digest": info.get("Id") or None, "digest_kind": "image-id"}
 
 
 # ---------------------------------------------------------------- CLI: envbuild attach
@@ -567,25 +306,3 @@ def run(args) -> int:
     return 0
 
 
-# ---------------------------------------------------------------- pick --verify-attestations
-
-
-def check_picked(row, pubkey=None, info: dict | None = None, quiet: bool = False) -> Report:
-    """Before `pick` answers: the picked row's image's attestations, against the key that verified
-    the table (or --pubkey / $ENVBUILD_PUBKEY). Raises VerifyError. `row`: a table row (dict or
-    object with .pinned) or the image reference itself."""
-    image_ref = row if isinstance(row, str) else getattr(row, "pinned", None) or \
-        ((row.get("image") or {}).get("pinned") if isinstance(row, dict) else None)
-    if not image_ref:
-        raise VerifyError("the picked row has no pinned image: nothing to check")
-    key = pubkey or os.environ.get("ENVBUILD_PUBKEY") or (info or {}).get("public_key")
-    if key is None and (info or {}).get("envelope") and not str(info["envelope"]).startswith(("http:", "https:")):
-        near = Path(info["envelope"]).parent / "pubkey.json"
-        key = near if near.exists() else None
-    if key is None:
-        raise VerifyError("--verify-attestations needs the table's key: pass --pubkey KEY")
-    rep = verify_image(image_ref, key)
-    if not quiet:
-        for line in describe(rep):
-            print(line, file=sys.stderr)
-    return rep

@@ -22,6 +22,7 @@ from .index import Metadata
 from .layers import ImageModel
 from .lock import Locker
 from .matrix import matrix_from_args, plan_from_args
+from .values import image_refs
 
 from .render import BUILD_CONSTRAINTS, PROBE_DIR, base_for, meta_path, read_meta, render_combo, render_stages
 
@@ -88,7 +89,7 @@ def bake_file(rendered: list[dict], repo_default: str, cache_default: str) -> di
             if parent_target:
                 t["contexts"] = {f"envbuild-{parent_target[0]}": f"target:{parent_target[1]}"}
             if name == "final":
-                content, readable = image.image_refs("${ENVBUILD_REPOSITORY}", model.combo.id, r["content_hash"])
+                content, readable = image_refs("${ENVBUILD_REPOSITORY}", model.combo.id, r["content_hash"])
                 t["tags"] = [content, readable]
                 # created is the build's time, not the bake file's: buildx sets it on the image config.
                 t["labels"] = {k: v for k, v in image.build_labels(

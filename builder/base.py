@@ -25,12 +25,10 @@ import shutil
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import EnvbuildError, InfraError, InputError
-from .docker import registry_host, split_ref
-from .matrix import IMAGE_RE
+from .values import IMAGE_RE, Base, registry_host, split_ref
 from .vocab import DEFAULT_PLATFORM, PLATFORMS, host_platform, parse_platform, platform_arch, platform_machine
 
 # Bump when the recipe below changes in a way that changes the image.
@@ -45,32 +43,6 @@ CHROOT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/
               "HOME": "/root", "DEBIAN_FRONTEND": "noninteractive"}
 
 
-@dataclass(frozen=True)
-class Base:
-    """The image a build starts FROM: the one type every command uses."""
-    kind: str  # "nvidia" | "bootstrap" | "image"
-    ref: str
-    digest: str | None = None  # sha256:... of the ref in its registry, when it was pulled from one
-
-    @property
-    def pinned(self) -> str:
-        """The FROM reference: by digest when known, so a moved tag cannot change the build."""
-        if self.digest and "@" not in self.ref:
-            return f"{self.ref}@{self.digest}"
-        return self.ref
-
-    def to_dict(self) -> dict:
-        d = {"kind": self.kind, "ref": self.ref}
-        if self.digest:
-            d["digest"] = self.digest
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Base":
-        return cls(d["kind"], d["ref"], d.get("digest"))
-
-
-BaseRef = Base  # the older name, still imported by build.py and its tests
 
 
 def registry_digest_of(engine, ref: str) -> str | None:

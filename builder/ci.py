@@ -25,10 +25,12 @@ from pathlib import Path
 
 from . import bake
 from . import notify
-from .errors import EnvbuildError, InputError, exit_of_records
+from .errors import EnvbuildError, InputError
+from .outcome import exit_of_records
 from .fsutil import write_atomic
 from .image import add_repository_arg
-from .matrix import add_selector_args, load_matrix, plan_from_args
+from .matrix import load_matrix, plan_from_args
+from .selector import add_selector_args
 from .paths import default_matrix
 from .probe_run import jobs_from_results, probe_levels, record_probe
 from .vocab import LEVELS
@@ -486,7 +488,7 @@ def _run_probe(args) -> int:
         rec = record_probe(results, job, verdicts)
         statuses.append(rec.status)
         print(f"{job.combo['id']}: {rec.status}" + (f" ({rec.cause})" if rec.cause else "") + " - "
-              + ", ".join(f"{lv} {v.get('status')}" for lv, v in verdicts.items()))
+              + ", ".join(f"{lv} {v.status}" for lv, v in verdicts.items()))
     return exit_of_records(statuses, incomplete=bool(missing))
 
 

@@ -101,7 +101,7 @@ def _q(words) -> str:
 
 def bash_script(cmds: list[Command]) -> str:
     top = [c.name for c in cmds] + ["--help", "--version"]
-    values, flags, valued, words = [], [], [], []
+    values, flags, valued = [], [], []
     for c in cmds:
         for flag, vals in c.values.items():
             values.append(f"    {c.name}:{flag}) COMPREPLY=($(compgen -W {_q(vals)} -- \"$cur\")); return ;;")

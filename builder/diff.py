@@ -19,10 +19,9 @@ from dataclasses import asdict, dataclass, field
 
 from .errors import UsageError
 from .row import Entry, Row, Table
+from .vocab import FAILING, LEVELS, NOT_RUN, PASS, UNDECIDED
 
-LEVELS = ("build", "env", "contract", "gpu")
-FAILED = ("fail", "timeout")
-UNDECIDED = ("error", "needs-gpu", "not-run")
+STAGES = ("build", *LEVELS)  # what a row says per stage: its build, then each probe level
 
 
 @dataclass
@@ -62,7 +61,7 @@ class Diff:
 
 
 def _levels(row: Row) -> dict[str, Entry]:
-    return {"build": row.build, **{lv: row.level(lv) for lv in LEVELS[1:]}}
+    return {"build": row.build, **{lv: row.level(lv) for lv in LEVELS}}
 
 
 def _summary(row: Row) -> dict:
@@ -98,18 +97,18 @@ def compare(old: Table, new: Table, old_src: str = "OLD", new_src: str = "NEW") 
     d.removed = [_summary(a[i]) for i in sorted(a.keys() - b.keys())]
     for cid in sorted(a.keys() & b.keys()):
         la, lb = _levels(a[cid]), _levels(b[cid])
-        for lv in LEVELS:
+        for lv in STAGES:
             o, n = la[lv], lb[lv]
-            so, sn = o.status or "not-run", n.status or "not-run"
+            so, sn = o.status or NOT_RUN, n.status or NOT_RUN
             co, cn = o.cause, n.cause
             kind = None
-            if so == "pass" and sn in FAILED:
+            if so == PASS and sn in FAILING:
                 kind = "regression"
-            elif so in FAILED and sn == "pass":
+            elif so in FAILING and sn == PASS:
                 kind = "fixed"
-            elif so in FAILED and sn in FAILED and (co, so) != (cn, sn):
+            elif so in FAILING and sn in FAILING and (co, so) != (cn, sn):
                 kind = "cause"
-            elif so in ("pass", *FAILED) and sn in UNDECIDED and sn != "not-run":
+            elif so in (PASS, *FAILING) and sn in UNDECIDED and sn != NOT_RUN:
                 kind = "undecided"  # was decided, now the machine could not tell: visible, not fatal
             if kind:
                 d.changes.append(Change(kind, cid, lv, so, sn, co, cn, (n.detail or "")[:600]))

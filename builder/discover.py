@@ -26,9 +26,10 @@ from pathlib import Path
 from .errors import EnvbuildError
 from .fsutil import write_atomic
 from .matrix import _spec_match, load_matrix, matrix_from_args, plan
+from .vocab import VERSIONED_ENGINES, dist_of
 from .index import Metadata
 
-PACKAGES = ("verl", "vllm", "sglang", "torch")
+PACKAGES = ("verl", *VERSIONED_ENGINES, "torch")  # an engine's releases: vocab.dist_of names its package
 
 
 @dataclass
@@ -70,11 +71,10 @@ def _final(versions: list[str]) -> list:
 
 
 def _known(m, meta) -> dict[str, list[str]]:
-    known = {"verl": list(m.verl), "vllm": list(m.engines.get("vllm", [])),
-             "sglang": list(m.engines.get("sglang", []))}
+    known = {"verl": list(m.verl), **{e: list(m.engines.get(e, [])) for e in VERSIONED_ENGINES}}
     torches = set(m.torch or [])
     torches |= {inc["torch"] for inc in m.include if "torch" in inc}
-    for eng in ("vllm", "sglang"):
+    for eng in VERSIONED_ENGINES:
         for v in known[eng]:
             pin = meta.torch_pin(eng, v)
             if pin:
@@ -92,8 +92,8 @@ def _engine_from_extra(meta, verl_v: str, engine: str, final: list) -> str | Non
     newest index release inside its range."""
     from packaging.utils import canonicalize_name
 
-    for r in meta.requires("verl", verl_v, (engine,)):
-        if canonicalize_name(r.name) != engine or r.marker is None:
+    for r in meta.requires("verl", verl_v, (engine,)):  # verl's extra is named after the engine
+        if canonicalize_name(r.name) != canonicalize_name(dist_of(engine)) or r.marker is None:
             continue
         pins = [s.version for s in r.specifier if s.operator == "=="]
         if pins:
@@ -107,7 +107,7 @@ def discover(m, meta, all_releases: bool = False) -> list[Proposal]:
     from packaging.version import Version
 
     known = _known(m, meta)
-    final = {p: _final(meta.versions(p)) for p in PACKAGES}
+    final = {p: _final(meta.versions(dist_of(p))) for p in PACKAGES}
     props: list[Proposal] = []
 
     def engine_proposal(eng: str, v: str, why: str) -> Proposal:
@@ -128,10 +128,10 @@ def discover(m, meta, all_releases: bool = False) -> list[Proposal]:
 
     # verl first: a new verl release names the engine releases it wants.
     newest_verl = max(map(Version, known["verl"]))
-    wanted: dict[str, dict[str, str]] = {"vllm": {}, "sglang": {}}
+    wanted: dict[str, dict[str, str]] = {e: {} for e in VERSIONED_ENGINES}
     for v in (x for x in final["verl"] if x > newest_verl):
         p = Proposal("verl", str(v), why="newer than the matrix's verl releases")
-        for eng in ("vllm", "sglang"):
+        for eng in VERSIONED_ENGINES:
             if eng not in m.engines:
                 continue
             ev = _engine_from_extra(meta, str(v), eng, final[eng])
@@ -141,7 +141,7 @@ def discover(m, meta, all_releases: bool = False) -> list[Proposal]:
                     wanted[eng][ev] = f"asked for by verl {v}'s [{eng}] extra"
         props.append(p)
 
-    for eng in ("vllm", "sglang"):
+    for eng in VERSIONED_ENGINES:
         if eng not in m.engines:
             continue
         newest = max(map(Version, known[eng]))
@@ -227,17 +227,17 @@ def patch_text(m, props: list[Proposal]) -> tuple[str, str]:
     """(new YAML text, unified diff)."""
     text = Path(m.path).read_text()
     lines = text.splitlines(keepends=True)
-    add = {"verl": [], "vllm": [], "sglang": [], "torch": []}
+    add = {p: [] for p in PACKAGES}
     for p in props:
-        if p.package in ("vllm", "sglang") and p.torch and p.cuda:
+        if p.package in VERSIONED_ENGINES and p.torch and p.cuda:
             add[p.package].append(p.version)
         elif p.package == "verl":
             add["verl"].append(p.version)
         elif p.package == "torch" and m.torch is not None and p.cuda:
             add["torch"].append(p.version)
     # Edit bottom-up so earlier line numbers stay valid.
-    edits = [(("verl",), "verl", "verl"), (("engines", "vllm"), "vllm", "engines.vllm"),
-             (("engines", "sglang"), "sglang", "engines.sglang"), (("torch",), "torch", "torch")]
+    edits = [(("verl",), "verl", "verl"), (("torch",), "torch", "torch")] + \
+        [(("engines", e), e, f"engines.{e}") for e in VERSIONED_ENGINES]
     for key, pkg, what in sorted(edits, key=lambda e: -(m.lines.get(e[0]) or 0)):
         if add[pkg]:
             _insert_in_list(lines, m, key, add[pkg], what)
@@ -272,7 +272,7 @@ def run_discovery(m, meta, all_releases: bool = False) -> Discovery:
 
     newest = {}
     for p in PACKAGES:
-        f = _final(meta.versions(p))
+        f = _final(meta.versions(dist_of(p)))
         if f:
             newest[p] = str(f[-1])
     return Discovery(m.path, newest, {p: str(max(map(Version, v))) for p, v in known.items() if v},
@@ -303,7 +303,7 @@ def summary_text(d: Discovery) -> str:
             line += f"; torch {p.torch} (default index: {p.default_cuda}); CUDA variants: {', '.join(p.cuda) or 'none'}"
         out.append(line)
         out += [f"    note: {n}" for n in p.notes]
-        if p.package in ("vllm", "sglang", "verl"):
+        if p.package in (*VERSIONED_ENGINES, "verl"):
             mark = f"verl{p.version}-" if p.package == "verl" else f"-{p.package}{p.version}-torch"
             mine = [c for c in d.new_combos if mark in c["id"]]
             lost = [e for e in d.excluded if mark in e["id"]]

@@ -1,4 +1,5 @@
-"""The one place envbuild talks to the container engine (through the docker CLI).
+"""The one place envbuild talks to the container engine (through the docker CLI): one Engine
+class for builds, images, pushes and the containers the probe runs in.
 
 Builds go through BuildKit: `docker buildx build` where the client has buildx, else
 `DOCKER_BUILDKIT=1 docker build` through a client whose built-in builder is BuildKit. The
@@ -10,7 +11,6 @@ host network: daemons here run without a bridge, and only 127.0.0.1 is a legitim
 from __future__ import annotations
 
 import collections
-import contextlib
 import io
 import json
 import os
@@ -24,11 +24,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 from .errors import InfraError
-from .image import registry_host, split_ref  # noqa: F401 - re-exported (tests, base)
-from .vocab import platform_arch
+from .push import pusher_for, registry_digest, skopeo_push
+from .values import split_ref
+from .vocab import host_platform, platform_arch
 
 DAEMON_DOWN = re.compile(r"Cannot connect to the Docker daemon|Is the docker daemon running|"
                          r"error during connect|connect: no such file or directory|"
@@ -49,6 +50,13 @@ def _q(cmd: list[str], env: dict | None = None, timeout: float = 30) -> subproce
         return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     except subprocess.TimeoutExpired:
         return subprocess.CompletedProcess(cmd, 124, "", f"{cmd[0]} {cmd[1]}: no answer in {timeout}s")
+
+
+def default_client(docker: str = "docker") -> str:
+    """Debian's client (has BuildKit here); /usr/local/bin/docker may be a newer client without."""
+    if docker == "docker" and os.path.exists("/usr/bin/docker"):
+        return "/usr/bin/docker"
+    return docker
 
 
 def detect(client: str | None = None) -> "Engine":
@@ -267,6 +275,80 @@ class Engine:
             self.remove(old)  # the first import, now untagged (its layer stays: the new image shares it)
         return d.get("Id")
 
+    # -- containers ---------------------------------------------------------------------------
+    @classmethod
+    def for_containers(cls, client: str = "docker") -> "Engine":
+        """An engine to run containers and read images with (the probe, attach, fanout): any
+        client will do, no BuildKit needed, so nothing is detected up front."""
+        return cls(client=default_client(client), mode="run")
+
+    def run_argv(self, image: str, argv: list[str], *, name: str, entrypoint: str | None = None,
+                 mounts: list[tuple[str, str, bool]] = (), env: dict[str, str] | None = None,
+                 workdir: str | None = None, read_only: bool = False, tmpfs: list[str] = (),
+                 shm_size: str | None = None, devices: list[str] = (), platform: str | None = None,
+                 pull: str = "missing") -> list[str]:
+        """`docker run` of a throw-away container on the host network (the only network here).
+        mounts: (host path, container path, read-only); devices: the accelerator's arguments
+        (host.container_device_args()); platform: another machine's image runs emulated."""
+        cmd = [self.client, "run", "--rm", *devices, "--pull", pull, "--name", name, "--network", "host"]
+        if platform and platform != host_platform():
+            cmd += ["--platform", platform]
+        if read_only:
+            cmd.append("--read-only")
+        for t in tmpfs:
+            cmd += ["--tmpfs", t]
+        if shm_size:
+            cmd += ["--shm-size", shm_size]
+        for k, v in (env or {}).items():
+            cmd += ["-e", f"{k}={v}"]
+        if workdir:
+            cmd += ["-w", workdir]
+        for src, dst, ro in mounts:
+            cmd += ["-v", f"{src}:{dst}" + (":ro" if ro else "")]
+        if entrypoint:
+            cmd += ["--entrypoint", entrypoint]
+        return cmd + [image, *argv]
+
+    def kill(self, name: str) -> None:
+        """Stop and remove a container by name (a probe past its timeout); never raises."""
+        for args in (("kill", name), ("rm", "-f", name)):
+            try:
+                subprocess.run([self.client, *args], capture_output=True, timeout=60)
+            except (OSError, subprocess.SubprocessError):
+                pass
+
+    def remove_containers(self, name_prefix: str, ancestor: str) -> None:
+        """Remove the containers of this image whose name starts with the prefix (orphans of a
+        killed probe: its client died, the container did not); never raises."""
+        try:
+            p = subprocess.run([self.client, "ps", "-q", "--filter", f"name={name_prefix}", "--filter",
+                                f"ancestor={ancestor}"], capture_output=True, text=True, timeout=60)
+            ids = p.stdout.split()
+            if ids:
+                subprocess.run([self.client, "rm", "-f", *ids], capture_output=True, timeout=120)
+        except (OSError, subprocess.SubprocessError):
+            pass
+
+    def read_files(self, image: str, paths: list[str]) -> dict[str, bytes | None]:
+        """Files out of an image without running it: `docker create` + `docker cp` (a tar stream)."""
+        p = self.cmd("create", image, "/envbuild-never-runs", check=False)
+        if p.returncode != 0:
+            raise InfraError("daemon-error", f"docker create {image}: {(p.stderr or p.stdout).strip()[-300:]}")
+        cid = p.stdout.strip()
+        out: dict[str, bytes | None] = {}
+        try:
+            for path in paths:
+                cp = subprocess.run([self.client, "cp", "-L", f"{cid}:{path}", "-"], capture_output=True)
+                if cp.returncode != 0:
+                    out[path] = None
+                    continue
+                with tarfile.open(fileobj=io.BytesIO(cp.stdout)) as tf:
+                    member = next((m for m in tf.getmembers() if m.isfile()), None)
+                    out[path] = tf.extractfile(member).read() if member else None
+        finally:
+            self.cmd("rm", "-f", cid, check=False)
+        return out
+
     def pull(self, ref: str, timeout: float = 1800) -> None:
         self.cmd("pull", "-q", ref, timeout=timeout)
 
@@ -319,128 +401,7 @@ def _finish(proc: subprocess.Popen) -> tuple[str, str]:
     return out.decode(errors="replace").strip(), err.decode(errors="replace").strip()
 
 
-# --- compression of pushed layers -------------------------------------------------------------
-
-COMPRESSIONS = ("gzip", "zstd")
-
-
-def pusher_for(engine, compression: str) -> str:
-    """Which tool pushes with this compression: `docker` (gzip, the Docker media types every
-    client reads) or `skopeo` (zstd, OCI media types). The classic docker client and daemon
-    (`docker push`) only write gzip; BuildKit's image exporter can write zstd
-    (compression=zstd,oci-mediatypes=true,force-compression=true) but only when it pushes while
-    it builds, so for an image already in the daemon a copier does it: skopeo (Debian/Ubuntu
-    package `skopeo`), `skopeo copy --dest-compress-format zstd docker-daemon:REF docker://REF`."""
-    if compression == "gzip":
-        return "docker"
-    if compression != "zstd":
-        raise InfraError("bad-compression", f"--compression {compression}: expected one of {', '.join(COMPRESSIONS)}")
-    if shutil.which("skopeo"):
-        return "skopeo"
-    raise InfraError("no-zstd-pusher",
-                     f"--compression zstd: {engine.client} ({engine.mode}) pushes gzip only; a copier from "
-                     "the daemon to the registry is needed: install skopeo (apt-get install skopeo)")
-
-
-def skopeo_push(ref: str, compression: str, timeout: float = 3600) -> str:
-    """Copy a daemon image to its registry with zstd layers (OCI media types); -> repo@digest."""
-    repo, _ = split_ref(ref)
-    host = registry_host(repo) or ""
-    insecure = host.split(":")[0] in ("localhost", "127.0.0.1") or host.startswith("127.")
-    with tempfile.TemporaryDirectory(prefix="envbuild-push-") as td:
-        dig = os.path.join(td, "digest")
-        argv = ["skopeo", "copy", "--quiet", "--format", "oci", "--dest-compress-format", compression,
-                "--dest-compress-level", "3", "--digestfile", dig,
-                *(["--dest-tls-verify=false"] if insecure else []), f"docker-daemon:{ref}", f"docker://{ref}"]
-        try:
-            p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise InfraError("daemon-error", f"skopeo copy {ref}: no end in {timeout:.0f}s") from None
-        if p.returncode != 0:
-            err = (p.stderr or p.stdout).strip().splitlines()
-            raise InfraError("daemon-error", f"skopeo copy {ref}: {err[-1] if err else p.returncode}")
-        digest = Path(dig).read_text().strip()
-    if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
-        raise InfraError("daemon-error", f"skopeo copy {ref}: no digest written")
-    return f"{repo}@{digest}"
-
-
-# --- references and registries ----------------------------------------------------------------
-
-MANIFEST_TYPES = ", ".join([
-    "application/vnd.docker.distribution.manifest.v2+json",
-    "application/vnd.docker.distribution.manifest.list.v2+json",
-    "application/vnd.oci.image.manifest.v1+json",
-    "application/vnd.oci.image.index.v1+json"])
-
-
-def registry_digest(ref: str, timeout: float = 10) -> str | None:
-    """The registry's digest for this tag, or None. A HEAD on the manifest (no pull) through
-    envbuild.registry, with the user's Docker credentials, so a private registry answers too.
-    Unknown (no registry in the ref, unreachable, auth refused) counts as absent, so a build
-    happens rather than a wrong skip."""
-    from .registry import Registry  # here: requests + oras cost ~0.2 s; only build/push need them
-
-    repo, tag = split_ref(ref)
-    host = registry_host(repo)
-    if not host:
-        return None
-    try:
-        d = Registry(host, timeout=timeout).head_manifest(repo[len(host) + 1:], tag.lstrip("@"))
-    except InfraError:
-        return None
-    return d.digest if d else None
-
-
 # --- running a logged, killable command ---------------------------------------------------------
-
-SECRETS_PREFIX = "envbuild-secrets-"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def clean_stale_secrets(tmp: str | None = None) -> list[str]:
-    """Remove secret folders left by a killed run (kill -9 skips every `finally`): each folder
-    names the process that made it, so one whose process is gone is stale."""
-    tmp = tmp or tempfile.gettempdir()
-    removed = []
-    for name in os.listdir(tmp):
-        m = re.fullmatch(re.escape(SECRETS_PREFIX) + r"(\d+)-\w+", name)
-        if m and not _alive(int(m.group(1))):
-            shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
-            removed.append(name)
-    return removed
-
-
-@contextlib.contextmanager
-def secret_files(values: dict[str, str]) -> Iterator[dict[str, str]]:
-    """Write secret strings (index URLs with credentials) to 0600 files in a private temp
-    folder for `--secret id=..,src=..`; removed afterwards, on every exit path Python sees
-    (errors, Ctrl-C, SIGTERM, which `build` turns into Ctrl-C); a folder a kill -9 left behind
-    is removed by the next run (clean_stale_secrets)."""
-    clean_stale_secrets()
-    d = tempfile.mkdtemp(prefix=f"{SECRETS_PREFIX}{os.getpid()}-")
-    os.chmod(d, 0o700)
-    try:
-        out = {}
-        for sid, val in values.items():
-            p = os.path.join(d, sid)
-            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(val)
-            out[sid] = p
-        yield out
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
-
 
 def run_logged(argv: list[str], log_path: str | os.PathLike, *, env: dict | None = None,
                timeout: float | None = None, on_line: Callable[[str], None] | None = None,

@@ -10,8 +10,7 @@ GPUs can also run a newer toolkit on an older driver with the forward-compatibil
 
 from __future__ import annotations
 
-from .vocab import cuda_version as vocab_cuda_version
-from .vocab import parse_cuda
+from .vocab import parse_variant
 
 MIN_DRIVER_LINUX = {
     "11.8": "520.61.05",
@@ -35,15 +34,14 @@ FORWARD_COMPAT_NOTE = ("An older driver of the same CUDA major version (at least
                        "for a newer toolkit on an older driver.")
 
 
-def cuda_version(spelling: object) -> str | None:
-    """'cu124', '12.4', '12.4.1' -> '12.4' (the one parser: envbuild.vocab); else None."""
-    variant = parse_cuda(spelling)
-    return None if variant in (None, "cpu") else vocab_cuda_version(variant)
+# The driver tables per accelerator kind (vocab.ACCELERATORS): ROCm's would go beside CUDA's.
+MIN_DRIVER = {"cuda": MIN_DRIVER_LINUX}
 
 
 def min_driver(spelling: object) -> str | None:
-    v = cuda_version(spelling)
-    return MIN_DRIVER_LINUX.get(v) if v else None
+    """The oldest driver for a variant in any spelling (cu124, 12.4, 12.4.1); None when unknown."""
+    v = parse_variant(spelling)
+    return MIN_DRIVER.get(v.kind, {}).get(v.version) if v else None
 
 
 def page_table() -> dict:

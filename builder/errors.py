@@ -1,4 +1,6 @@
 """The one error tree. Every module raises these; only the CLI turns them into exit codes.
+An outcome that is not an error (a verdict, a record, a lock result) gets its code from
+envbuild.outcome, from the same table.
 
 Exit codes (README, "Exit codes"):
   0  ok
@@ -14,18 +16,12 @@ Exit codes (README, "Exit codes"):
 
 from __future__ import annotations
 
-OK, VERDICT, BAD_INPUT, INFRA = 0, 1, 2, 3
-# A probe verdict's status -> the exit code of a command that reports one verdict.
-EXIT_OF_VERDICT = {"pass": OK, "fail": VERDICT, "timeout": VERDICT, "needs-gpu": INFRA, "error": INFRA}
+from .vocab import EXIT_BAD_INPUT as BAD_INPUT
+from .vocab import EXIT_INFRA as INFRA
+from .vocab import EXIT_OK as OK  # noqa: F401 - the codes' home is the vocabulary (shared with the probe)
+from .vocab import EXIT_VERDICT as VERDICT
 
-
-def exit_of_records(statuses, *, incomplete: bool = False) -> int:
-    """A command that wrote records (ok | fail | error): any verdict against a combination is 1;
-    else any infrastructure error, or work it could not do (`incomplete`), is 3."""
-    statuses = set(statuses)
-    if "fail" in statuses:
-        return VERDICT
-    return INFRA if "error" in statuses or incomplete else OK
+# The exit code of a command's outcomes (verdicts, records, lock results): envbuild.outcome.
 
 
 class EnvbuildError(Exception):

@@ -24,9 +24,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import EnvbuildError, InfraError, InputError, exit_of_records
-from .matrix import add_selector_args, plan_from_args
-from .probe_run import DEFAULT_TIMEOUT, ProbeJob, docker_exe, jobs_from_results, probe_levels, record_probe
+from .docker import Engine
+from .errors import EnvbuildError, InfraError, InputError
+from .matrix import plan_from_args
+from .outcome import Verdict, exit_of_records, unwritten
+from .probe_run import CONTAINER_PREFIX, DEFAULT_TIMEOUT, ProbeJob, jobs_from_results, probe_levels, record_probe
+from .selector import add_selector_args
 
 DEFAULT_RETRIES = 2
 RETRIABLE_VERDICT_CAUSES = ("docker-error", "no-docker")  # the node, not the stack
@@ -71,17 +74,7 @@ def _cleanup_orphans(image: str) -> None:
     """Remove probe containers of this image left by an attempt whose worker was killed (its
     docker client died with it; the container did not). One task per image per run, so a
     probe container of this image on this node is an orphan."""
-    import subprocess
-
-    exe = docker_exe()
-    try:
-        p = subprocess.run([exe, "ps", "-q", "--filter", "name=envbuild-probe-", "--filter", f"ancestor={image}"],
-                           capture_output=True, text=True, timeout=60)
-        ids = p.stdout.split()
-        if ids:
-            subprocess.run([exe, "rm", "-f", *ids], capture_output=True, timeout=120)
-    except (OSError, subprocess.SubprocessError):
-        pass
+    Engine.for_containers().remove_containers(CONTAINER_PREFIX, image)
 
 
 def _task_body(job: ProbeJob, levels: list[str], timeout: float | None, tracker, key: str) -> dict:
@@ -92,7 +85,8 @@ def _task_body(job: ProbeJob, levels: list[str], timeout: float | None, tracker,
     if tracker is not None:
         ray.get(tracker.started.remote(key, node, host))
     _cleanup_orphans(job.ref)
-    verdicts = probe_levels(job.target(), levels, timeout=timeout)
+    # The verdicts cross to the driver as the probe's JSON; the driver types them (outcome.Verdict).
+    verdicts = {lv: v.to_dict() for lv, v in probe_levels(job.target(), levels, timeout=timeout).items()}
     gpu = os.environ.get("CUDA_VISIBLE_DEVICES")
     return {"node": node, "host": host, "verdicts": verdicts,
             "machine": {"hostname": host, "platform": platform.platform(), "ray_node": node,
@@ -220,8 +214,9 @@ def fan_out(address: str, jobs: list[ProbeJob], levels: list[str], results: str 
                 except RayTaskError as e:  # our code raised: a bug, not a node; no retry
                     where = where_started(key)
                     o.attempts.append(Attempt(where[0], where[1], "error", str(e).splitlines()[-1][:500]))
-                    o.verdicts = {levels[0]: {"status": "error", "cause": "probe-crash", "detail": str(e)[-2000:],
-                                              "checks": []}}
+                    o.verdicts = {levels[0]: Verdict.of(unwritten(levels[0], jobs[i].combo.get("engine"),
+                                                                  jobs[i].target().expect, "error", "probe-crash",
+                                                                  str(e)), levels[0])}
                     records.append(_done(results, o, say))
                     continue
                 except (RayError, GetTimeoutError) as e:
@@ -237,16 +232,17 @@ def fan_out(address: str, jobs: list[ProbeJob], levels: list[str], results: str 
                     else:
                         records.append(_done(results, o, say))
                     continue
-                bad_node = next((v for v in res["verdicts"].values()
-                                 if v.get("status") == "error" and v.get("cause") in RETRIABLE_VERDICT_CAUSES), None)
+                got = {lv: Verdict.of(v, lv) for lv, v in res["verdicts"].items()}
+                bad_node = next((v for v in got.values()
+                                 if v.status == "error" and v.cause in RETRIABLE_VERDICT_CAUSES), None)
                 if bad_node is not None and len(o.attempts) < retries:
-                    o.attempts.append(Attempt(res["node"], res["host"], "error", bad_node.get("cause")))
+                    o.attempts.append(Attempt(res["node"], res["host"], "error", bad_node.cause))
                     lost_nodes[i].append(res["node"])
-                    say(f"  {jobs[i].combo['id']}: {bad_node.get('cause')} on {res['host']}; retry elsewhere")
+                    say(f"  {jobs[i].combo['id']}: {bad_node.cause} on {res['host']}; retry elsewhere")
                     submit(i)
                     continue
                 o.attempts.append(Attempt(res["node"], res["host"], "verdict"))
-                o.verdicts, o.machine = res["verdicts"], res["machine"]
+                o.verdicts, o.machine = got, res["machine"]
                 records.append(_done(results, o, say))
     finally:
         ray.shutdown()
@@ -259,7 +255,7 @@ def fan_out(address: str, jobs: list[ProbeJob], levels: list[str], results: str 
 
 def _done(results, o: Outcome, say):
     rec = write_outcome(results, o)
-    levels = ", ".join(f"{lv} {v.get('status')}" for lv, v in o.verdicts.items()) or "no verdict"
+    levels = ", ".join(f"{lv} {v.status}" for lv, v in o.verdicts.items()) or "no verdict"
     say(f"  {o.job.combo['id']}: {rec.status} ({levels}){' cause ' + rec.cause if rec.cause else ''}"
         f" after {len(o.attempts)} attempt(s) -> records/{o.job.combo['id']}/{rec.run_id}.json")
     return rec

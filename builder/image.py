@@ -1,7 +1,5 @@
-"""The one home of an image's names: its tags, its OCI annotations and envbuild's own labels.
-
-Tags: the readable tag (`verl0.4.1-vllm0.8.4-torch2.6.0-cu124-py3.11`) and that plus the first 12
-hex digits of the rendered context's content hash (the tag a rebuild looks for).
+"""An image's OCI annotations and envbuild's own labels, and the repository images go to. Its
+names (tags, content tags, references) are values: envbuild.values.
 
 Labels come in two sets, because the Dockerfile is part of the content hash:
   * render_labels - facts fixed by the combination, its lock and its base; written into the
@@ -27,41 +25,11 @@ from importlib import metadata
 from pathlib import Path
 
 from .errors import InputError
-from .matrix import content_tag
+from .values import sanitize_tag
 
 NS = "org.envbuild"
 OCI = "org.opencontainers.image"
 SRC = Path(__file__).resolve().parent.parent  # a source checkout when .git is there
-
-
-def split_ref(ref: str) -> tuple[str, str]:
-    """'host:5000/a/b:tag' -> ('host:5000/a/b', 'tag'); a digest ref keeps '@sha256:..'."""
-    if "@" in ref:
-        repo, dig = ref.split("@", 1)
-        return repo, "@" + dig
-    slash = ref.rfind("/")
-    colon = ref.rfind(":")
-    if colon > slash:
-        return ref[:colon], ref[colon + 1:]
-    return ref, "latest"
-
-
-def registry_host(repo: str) -> str | None:
-    """The registry a repository names (`127.0.0.1:5000`), None for the default registry."""
-    first = repo.split("/", 1)[0]
-    if "/" in repo and ("." in first or ":" in first or first == "localhost"):
-        return first
-    return None
-
-
-def sanitize_tag(tag: str) -> str:
-    """A string -> a valid tag (`[A-Za-z0-9_.-]`, at most 128 characters)."""
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", tag)[:128]
-
-
-def image_refs(repo: str, combo_tag: str, content_hash: str) -> tuple[str, str]:
-    """(content ref, readable ref) of a combination's image in repo."""
-    return f"{repo}:{sanitize_tag(content_tag(combo_tag, content_hash))}", f"{repo}:{sanitize_tag(combo_tag)}"
 
 
 def version(combo_tag: str, era: str) -> str:

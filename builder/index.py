@@ -33,7 +33,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from .errors import EnvbuildError, InfraError, InputError
-from .vocab import parse_cuda
+from .vocab import ENGINE, dist_of, parse_variant, variant_of
 from .fsutil import write_atomic, write_json_atomic
 from .paths import cache_dir, metadata_snapshot
 
@@ -219,9 +219,13 @@ def pytorch_index_root() -> str:
     return check_index_url(root, PYTORCH_INDEX_ENV).rstrip("/") if root else ""
 
 
-def pytorch_index_url(root: str, variant: str) -> str:
-    """The PyTorch index of one CUDA variant, under the configured root."""
-    return check_index_url(f"{root.rstrip('/')}/{variant}", PYTORCH_INDEX_ENV)
+def torch_index_url(root: str, variant: str) -> str:
+    """The PyTorch index of one accelerator variant, under the configured root: the one place its
+    URL is made (the lock, the build's secret, the nightly's `envbuild ci index-url`)."""
+    v = parse_variant(variant)
+    if v is None:
+        raise InputError("matrix", None, "cuda", variant, "not an accelerator variant")
+    return check_index_url(f"{root.rstrip('/')}/{v.index_path}", PYTORCH_INDEX_ENV)
 
 
 def torch_source(variant: str, torch_version: str, meta: "Metadata", root: str | None = None,
@@ -233,7 +237,7 @@ def torch_source(variant: str, torch_version: str, meta: "Metadata", root: str |
     default = meta.default_cuda(torch_version, machine)
     if default == variant:
         return TorchSource(variant, default, None)
-    return TorchSource(variant, default, pytorch_index_url(pytorch_root(root), variant))
+    return TorchSource(variant, default, torch_index_url(pytorch_root(root), variant))
 
 
 def pytorch_root(matrix_root: str | None = None) -> str:
@@ -584,10 +588,13 @@ class Metadata:
         return self.get(name, version)["released"]
 
     def engine_extras(self, engine: str, version: str) -> tuple[str, ...]:
-        # SGLang keeps its runtime deps (torch among them) in [srt] up to 0.5.2.
-        if engine == "sglang" and "srt" in self.get(engine, version)["provides_extra"]:
-            return ("srt",)
-        return ()
+        """The engine's runtime extras this release provides (vocab.EngineSpec.runtime_extras:
+        SGLang keeps its runtime deps, torch among them, in [srt] up to 0.5.2)."""
+        spec = ENGINE.get(engine)
+        if spec is None or not spec.runtime_extras:
+            return ()
+        provided = self.get(dist_of(engine), version)["provides_extra"]
+        return tuple(x for x in spec.runtime_extras if x in provided)
 
     def torch_pin(self, engine: str, version: str) -> str | None:
         key = ("torch_pin", engine, version)
@@ -596,7 +603,7 @@ class Metadata:
         return self._answers[key]
 
     def _torch_pin(self, engine: str, version: str) -> str | None:
-        for r in self.requires(engine, version, self.engine_extras(engine, version)):
+        for r in self.requires(dist_of(engine), version, self.engine_extras(engine, version)):
             if _norm(r.name) == "torch":
                 pins = [s.version for s in r.specifier if s.operator == "=="]
                 if pins:
@@ -611,7 +618,7 @@ class Metadata:
             if m:
                 pins = [s.version for s in r.specifier if s.operator in ("==", "~=", ">=")]
                 if pins:
-                    return parse_cuda(".".join(pins[0].split(".")[:2])) or "cpu"
+                    return variant_of("cuda", pins[0]).tag
         return "cpu"
 
 

@@ -31,10 +31,10 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from .base import Base
 from .errors import EnvbuildError
 from .lock import LockResult, parse_lock
-from .matrix import Combo
+from .values import Base, Combo
+from .vocab import ENGINE_SPECS
 
 # (group, name prefixes), first match wins; the last group takes every other nvidia-* wheel.
 CUDA_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -46,8 +46,8 @@ CUDA_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("cufft", ("nvidia-cufft-", "nvidia-cusolver-", "nvidia-curand-")),
     ("runtime", ("nvidia-",)),
 )
-KERNELS = frozenset({"flash-attn", "flashinfer-python", "flashinfer", "flashinfer-cubin", "xformers",
-                     "sgl-kernel", "vllm-flash-attn", "flash-attn-3"})
+# Kernel wheels: large, native, pinned by the engine; each engine's own come from its descriptor.
+KERNELS = frozenset({"flash-attn", "flash-attn-3", "xformers"}) | frozenset(k for e in ENGINE_SPECS for k in e.kernels)
 # Bake stages, in order: the layers a stage ends with are shared by the combinations above it.
 STAGES = ("torch", "engine", "final")
 # The lock layers whose steps unpack into a uv cache of their own, in the step's filesystem, and

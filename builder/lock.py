@@ -51,10 +51,12 @@ from packaging.version import Version
 from .errors import EnvbuildError, InfraError, InputError
 from .fsutil import write_atomic, write_json_atomic
 from .index import Metadata, TorchSource, default_index_url, redact, torch_source, uv_exe
-from .matrix import Combo, Matrix, add_selector_args, matrix_from_args, plan_from_args
+from .matrix import Matrix, matrix_from_args, plan_from_args
+from .selector import add_selector_args
+from .values import Combo
 
 from .paths import cache_dir
-from .vocab import DEFAULT_PLATFORM, platform_machine
+from .vocab import DEFAULT_PLATFORM, ENGINE, dist_of, platform_machine
 
 LAYERS = ("torch", "engine", "verl")
 # Build backends an sdist commonly asks for; pinned as of the era in the build constraints.
@@ -258,10 +260,10 @@ class Locker:
         # swap in the default index's build of the same release.
         torch_req = f"torch=={c.torch}" + (f"+{c.cuda}" if src.url else "")
         reqs, dated = [torch_req], [("torch", c.torch)]
-        if c.engine != "hf":
+        if ENGINE[c.engine].versioned:
             extras = self.meta.engine_extras(c.engine, c.engine_version)
-            reqs.append(c.engine + (f"[{','.join(extras)}]" if extras else "") + f"=={c.engine_version}")
-            dated.append((c.engine, c.engine_version))
+            reqs.append(dist_of(c.engine) + (f"[{','.join(extras)}]" if extras else "") + f"=={c.engine_version}")
+            dated.append((dist_of(c.engine), c.engine_version))
         reqs.append(f"verl=={c.verl}")
         dated.append(("verl", c.verl))
         # The top of the stack first: uv prefers the newest versions for the dependencies of the
@@ -300,9 +302,9 @@ class Locker:
         full = parse_lock(text)
         try:
             torch_pins = exact_pins(self._torch_requires(src, full["torch"][0]), c.python, platform=c.platform)
-            engine_pins = (exact_pins(self.meta.get(c.engine, c.engine_version)["requires_dist"], c.python,
+            engine_pins = (exact_pins(self.meta.get(dist_of(c.engine), c.engine_version)["requires_dist"], c.python,
                                       self.meta.engine_extras(c.engine, c.engine_version), c.platform)
-                           if c.engine != "hf" else {})
+                           if ENGINE[c.engine].versioned else {})
         except InfraError as e:
             res.status, res.detail = e.cause, e.message
             return res
@@ -316,7 +318,7 @@ class Locker:
             "verl": f"# envbuild verl layer for {' '.join(reqs)}: everything the layers below do not hold\n"
                     f"# resolved as of {when} (uv --exclude-newer) for Python {c.python}, {plat}",
         }
-        for name, names in split_layers(full, torch_pins, c.engine if c.engine != "hf" else None,
+        for name, names in split_layers(full, torch_pins, dist_of(c.engine) if ENGINE[c.engine].versioned else None,
                                         engine_pins).items():
             body = layer_text(full, names, headers[name])
             res.layers.append(LayerLock(name, body, _sha(body), {n: full[n][0] for n in names}, when, key))

@@ -30,7 +30,7 @@ import re
 from typing import TYPE_CHECKING, Iterable
 
 from .errors import InfraError, InputError
-from .image import image_refs, split_ref
+from .values import image_refs, split_ref
 from .record import Record
 from .vocab import DEFAULT_PLATFORM, parse_platform, platform_arch
 
@@ -198,7 +198,7 @@ def group_for_indexes(records: Iterable) -> dict[str, dict[str, str]]:
         if not isinstance(tag, str) or not tag:
             raise InputError(cid, None, "combo.tag", tag, "a pushed image's record names no tag")
         # Combo.tag carries no platform (Combo.id does): every platform of a combination has one
-        # readable ref, the one the build tags (image.image_refs).
+        # readable ref, the one the build tags (values.image_refs).
         readable = image_refs(repo, tag, img.get("content_hash") or "")[1]
         have = out.setdefault(readable, {})
         if have.get(plat, digest) != digest:

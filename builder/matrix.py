@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from operator import attrgetter
 from pathlib import Path
@@ -17,19 +17,16 @@ from typing import Any, Callable, Iterable
 
 from . import yamlsafe
 from .errors import InputError
-from .vocab import DEFAULT_PLATFORM, PLATFORMS, parse_cuda, platform_arch, platform_machine
 from .index import Metadata
 from .paths import default_matrix
 from .selector import Selectors, add_selector_args, narrow, selectors_from_args, version_matches  # noqa: F401 - re-exported
+from .values import IMAGE_RE, Combo, VariantEntry
+from .vocab import (DEFAULT_PLATFORM, ENGINE, ENGINES, PLATFORMS, VERSIONED_ENGINES, dist_of,
+                    parse_variant, platform_machine, variant_of)
 
-ENGINES = ("vllm", "sglang", "hf")
 # Field patterns, used with fullmatch. They end in \Z, not $ ($ also matches before a trailing
 # newline, which then reaches Dockerfiles, lock headers and directory names), so a stray
 # .match() is safe too; re.ASCII so \d and \w do not accept other scripts' digits and letters.
-CUDA_RE = re.compile(r"cu\d{3}\Z", re.ASCII)
-# A docker image reference: registry/path:tag@digest, nothing a shell would interpret.
-IMAGE_RE = re.compile(r"[a-z0-9][a-z0-9._/:-]{0,253}[a-z0-9](?::\w[\w.-]{0,127})?(?:@sha256:[0-9a-f]{64})?\Z",
-                      re.ASCII)
 SAFE_STR_RE = re.compile(r"[A-Za-z0-9_.,:/@=<>!~*+ -]*\Z")
 DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}\Z", re.ASCII)
 # The characters of a PEP 440 version (parsed by packaging afterwards, which would also accept
@@ -52,59 +49,6 @@ MAX_RAW_COMBINATIONS = 200_000
 
 
 @dataclass(frozen=True)
-class CudaVariant:
-    name: str  # cu124
-    toolkit: str  # 12.4
-    base: str  # the CUDA devel image for --base nvidia
-    glibc: str  # glibc of that base: decides the wheel platform the locks target
-    torch: str  # PEP 440 specifier: torch releases built for this variant
-
-
-@dataclass(frozen=True, order=True)
-class Combo:
-    verl: str
-    engine: str  # vllm | sglang | hf
-    engine_version: str  # "" for hf (transformers comes with verl)
-    torch: str
-    cuda: str
-    python: str
-    cuda_toolkit: str = field(default="", compare=False)
-    base_image: str = field(default="", compare=False)
-    glibc: str = field(default="", compare=False)
-    note: str = field(default="", compare=False)  # e.g. planned although a matrix rule excludes it
-    platform: str = DEFAULT_PLATFORM  # linux/amd64 | linux/arm64 (vocab.PLATFORMS)
-
-    @property
-    def engine_label(self) -> str:
-        return f"{self.engine}{self.engine_version}"
-
-    @property
-    def tag(self) -> str:
-        """The readable image tag; the one place its format is defined."""
-        return f"verl{self.verl}-{self.engine_label}-torch{self.torch}-{self.cuda}-py{self.python}"
-
-    @property
-    def id(self) -> str:
-        """One image's name: the tag, plus the platform for all but the default one (so ids made
-        before the platform axis, and the records and tables that hold them, keep meaning the same)."""
-        return self.tag if self.platform == DEFAULT_PLATFORM else f"{self.tag}-{platform_arch(self.platform)}"
-
-    def hashed_tag(self, content_hash: str) -> str:
-        return content_tag(self.id, content_hash)
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["id"] = self.id
-        d["tag"] = self.tag
-        return d
-
-
-def content_tag(tag: str, content_hash: str) -> str:
-    """The tag that names one rendering of a combination: its readable tag + the content hash."""
-    return f"{tag}-{content_hash[:12]}"
-
-
-@dataclass(frozen=True)
 class ExcludeRule:
     match: dict[str, str]  # axis -> specifier (versions) or exact value (cuda, engine)
     reason: str
@@ -117,7 +61,7 @@ class Matrix:
     repository: str  # where images go, without a registry: envbuild/verl (image.repository_from_args)
     grace_days: int
     python: list[str]
-    cuda: dict[str, CudaVariant]
+    cuda: dict[str, VariantEntry]
     torch: list[str] | None  # None = auto (from the engine's pin)
     engines: dict[str, list[str]]
     verl: list[str]
@@ -207,7 +151,11 @@ class _Checker:
         return s
 
     def cuda(self, v, p) -> str:
-        return self.string(v, p, CUDA_RE, "a CUDA tag of the form cuNNN")
+        s = self.string(v, p)
+        var = parse_variant(s)
+        if var is None or var.tag != s or var.kind == "cpu":
+            self.fail(p, v, "not an accelerator variant tag: cuNNN for CUDA (cu124), rocmX.Y for ROCm (rocm6.2)")
+        return s
 
     def platform(self, v, p) -> str:
         return self.string(v, p, PLATFORM_RE, "a platform: " + ", ".join(PLATFORMS))
@@ -229,7 +177,9 @@ class _Checker:
 TOP_KEYS = {"schema", "repository", "image", "grace_days", "python", "cuda", "torch", "engines", "verl", "include",
             "exclude", "pytorch_index", "platforms"}
 PYTORCH_INDEX_RE = re.compile(r"https?://[A-Za-z0-9._~:/@!&+,=%-]+")
-AXES = ("cuda", "python", "torch", "engine", "vllm", "sglang", "verl", "platform")
+# Axes an include or exclude may name: each versioned engine is an axis of its own (`vllm: 0.8.4`).
+AXES = ("cuda", "python", "torch", "engine", *VERSIONED_ENGINES, "verl", "platform")
+UNVERSIONED = next(e for e in ENGINES if not ENGINE[e].versioned)  # an include naming no engine
 
 
 def load_matrix(path: str | Path) -> Matrix:
@@ -250,20 +200,20 @@ def load_matrix(path: str | Path) -> Matrix:
     if not isinstance(grace, int) or isinstance(grace, bool) or not 0 <= grace <= 365:
         c.fail(("grace_days",), grace, "expected an integer number of days (0-365)")
 
-    cuda: dict[str, CudaVariant] = {}
+    cuda: dict[str, VariantEntry] = {}
     c.mapping(data["cuda"], ("cuda",), data["cuda"].keys() if isinstance(data["cuda"], dict) else ())
     for name, spec in data["cuda"].items():
         p = ("cuda", name)
         c.cuda(name, p)
         c.mapping(spec, p, {"toolkit", "base", "glibc", "torch"}, required=("toolkit", "base", "glibc", "torch"))
-        cuda[name] = CudaVariant(
+        cuda[name] = VariantEntry(
             name=name,
             toolkit=c.string(spec["toolkit"], p + ("toolkit",), TOOLKIT_RE, "MAJOR.MINOR"),
             base=c.string(spec["base"], p + ("base",), IMAGE_RE, "an image reference"),
             glibc=c.string(spec["glibc"], p + ("glibc",), GLIBC_RE, "a glibc version 2.N"),
             torch=c.specifier(spec["torch"], p + ("torch",)),
         )
-        if parse_cuda(spec["toolkit"]) != name:
+        if variant_of(parse_variant(name).kind, spec["toolkit"]) != parse_variant(name):
             c.fail(p + ("toolkit",), spec["toolkit"], f"does not match the variant name {name}")
 
     python = c.lst(data["python"], ("python",), lambda v, p: c.string(v, p, PYTHON_RE, "a Python version 3.N"))
@@ -276,10 +226,10 @@ def load_matrix(path: str | Path) -> Matrix:
     c.mapping(data["engines"], ("engines",), ENGINES)
     engines: dict[str, list[str]] = {}
     for eng, versions in data["engines"].items():
-        if eng == "hf":
+        if not ENGINE[eng].versioned:
             if not (versions is True or versions is None or versions == []):
-                c.fail(("engines", "hf"), versions, "hf takes no versions: write `hf: true`")
-            engines["hf"] = [""]
+                c.fail(("engines", eng), versions, f"{eng} takes no versions: write `{eng}: true`")
+            engines[eng] = [""]
         else:
             engines[eng] = c.lst(versions, ("engines", eng), c.version)
     verl = c.lst(data["verl"], ("verl",), c.version)
@@ -300,9 +250,9 @@ def load_matrix(path: str | Path) -> Matrix:
         p = ("include", i)
         c.mapping(inc, p, set(AXES), required=("verl",))
         d = {k: axis_value(k, v, p + (k,)) for k, v in inc.items()}
-        if sum(k in d for k in ("vllm", "sglang")) > 1 or ("engine" in d and ({"vllm", "sglang"} & d.keys())):
-            c.fail(p, inc, "name exactly one engine: vllm, sglang or engine: hf")
-        if d.get("engine") in ("vllm", "sglang"):
+        if sum(k in d for k in VERSIONED_ENGINES) > 1 or ("engine" in d and (set(VERSIONED_ENGINES) & d.keys())):
+            c.fail(p, inc, "name exactly one engine: " + ", ".join(VERSIONED_ENGINES) + f" or engine: {UNVERSIONED}")
+        if d.get("engine") in VERSIONED_ENGINES:
             c.fail(p + ("engine",), d["engine"], f"an engine needs its version: write `{d['engine']}: X.Y.Z`")
         if "cuda" in d and d["cuda"] not in cuda:
             c.fail(p + ("cuda",), d["cuda"], f"unknown CUDA variant (the matrix declares {', '.join(cuda)})")
@@ -388,7 +338,7 @@ def _rule_matches(rule: ExcludeRule, c: Combo) -> bool:
         if k in ("cuda", "python", "engine", "platform"):
             if getattr(c, k) != v:
                 return False
-        elif k in ("vllm", "sglang"):
+        elif k in VERSIONED_ENGINES:
             if c.engine != k or not _spec_match(v, c.engine_version):
                 return False
         elif not _spec_match(v, getattr(c, k)):  # torch, verl
@@ -407,8 +357,9 @@ def plan(m: Matrix, sel: Selectors | None = None, meta=None) -> Plan:
     meta = meta or Metadata()
     engines = dict(m.engines)
     if sel.engine:
-        declared = m.engines.get(sel.engine) or ([""] if sel.engine == "hf" else [])
-        engines = {sel.engine: [""] if sel.engine == "hf" else narrow(sel.engine_version, declared)}
+        versioned = ENGINE[sel.engine].versioned
+        declared = m.engines.get(sel.engine) or ([] if versioned else [""])
+        engines = {sel.engine: narrow(sel.engine_version, declared) if versioned else [""]}
     cudas = [sel.cuda] if sel.cuda else list(m.cuda)
     for cu in cudas:
         if cu not in m.cuda:
@@ -426,7 +377,7 @@ def plan(m: Matrix, sel: Selectors | None = None, meta=None) -> Plan:
                                                                                    pythons, platforms)
                         for ev in versions]
     for inc in m.include:
-        eng = "vllm" if "vllm" in inc else "sglang" if "sglang" in inc else inc.get("engine", "hf")
+        eng = next((e for e in VERSIONED_ENGINES if e in inc), None) or inc.get("engine", UNVERSIONED)
         for cu in [inc["cuda"]] if inc.get("cuda") else cudas:
             for py in [inc["python"]] if inc.get("python") else pythons:
                 for pf in [inc["platform"]] if inc.get("platform") else platforms:
@@ -481,11 +432,12 @@ def _torch_for(engine: str, version: str, forced: str | None, torch_axis: list[s
         return [forced], None
     if torch_axis:
         return list(torch_axis), None
-    pin = meta.torch_pin(engine, version) if engine != "hf" else None
+    versioned = ENGINE[engine].versioned
+    pin = meta.torch_pin(engine, version) if versioned else None
     if selected and not (pin and version_matches(selected, pin)):
         return [selected], None
-    if engine == "hf":
-        return ["?"], "the hf engine pins no torch: name one in an include entry or with --torch"
+    if not versioned:
+        return ["?"], f"the {engine} engine pins no torch: name one in an include entry or with --torch"
     if pin is None:
         return ["?"], f"{engine} {version} pins no exact torch version: give --torch"
     return [pin], None
@@ -502,7 +454,7 @@ class _Excluder:
         self.m, self.meta = m, meta
         # per rule: the attributes its answer depends on (an engine axis reads engine + version)
         self.rules = [(r, attrgetter(*sorted({f for a in r.match for f in (
-            ("engine", "engine_version") if a in ("vllm", "sglang") else (a,))})), {}) for r in m.exclude]
+            ("engine", "engine_version") if a in VERSIONED_ENGINES else (a,))})), {}) for r in m.exclude]
         self.memo: dict[tuple, str | None] = {}
 
     def __call__(self, c: Combo) -> str | None:
@@ -542,7 +494,7 @@ class _Excluder:
         for pkg, ver in (("torch", torch), (engine, engine_version), ("verl", verl)):
             k = ("platform", pkg, ver, platform)
             if k not in memo:
-                memo[k] = self._platform_fact(pkg, ver, platform) if ver and ver != "?" and pkg != "hf" else None
+                memo[k] = self._platform_fact(pkg, ver, platform) if ver and ver != "?" and pkg in (*VERSIONED_ENGINES, "torch", "verl") else None
             if memo[k]:
                 return memo[k]
         return None
@@ -550,7 +502,7 @@ class _Excluder:
     def _platform_fact(self, pkg, ver, platform) -> str | None:
         """A release whose wheels are all for other machines (binary, no pure wheel) has none for
         this platform: building it from source is not planned (vLLM, torch: hours and a toolkit)."""
-        have = self.meta.wheel_machines(pkg, ver)
+        have = self.meta.wheel_machines(dist_of(pkg), ver)
         machine = platform_machine(platform)
         if not have or "any" in have or machine in have:
             return None  # unknown, sdist-only or covered
@@ -563,5 +515,5 @@ class _Excluder:
         return self._fact("torch", torch, python)
 
     def _fact(self, pkg, ver, python) -> str | None:
-        rp = self.meta.requires_python(pkg, ver) if ver and ver != "?" else ""
+        rp = self.meta.requires_python(dist_of(pkg), ver) if ver and ver != "?" else ""
         return f"{pkg} {ver} requires Python {rp}" if rp and not _spec_match(rp, python + ".0") else None

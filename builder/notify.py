@@ -9,10 +9,14 @@ Both tables are verified first (as `envbuild diff` does). Then, per combination:
 An untested row (infrastructure, no verdict) leaves its issue as it is. Each issue carries a
 hidden marker naming its combination, so a later run finds it again (open or closed) and a
 combination never has two issues. Exit 1 when a row that was verified in OLD regressed (a
-level that passed now fails): that is what must turn the nightly red.
+level that passed now fails, `envbuild diff`'s rule): that is what must turn the nightly red.
 
 GitHub's REST API (GITHUB_API_URL, GITHUB_REPOSITORY, GITHUB_TOKEN: what Actions provides)
-through urllib; an unreachable or refusing API is infrastructure (exit 3).
+through urllib. The token goes to the API's own origin only: a `Link: rel="next"` or a redirect
+to any other origin is refused, pages are bounded, and every response must have the shape the
+API documents. Every value taken from a table row goes into an issue as plain text (escaped, or
+in a code span it cannot leave). An unreachable, refusing or misbehaving API is infrastructure
+(exit 3).
 """
 
 from __future__ import annotations
@@ -28,17 +32,31 @@ from dataclasses import dataclass
 
 from .diff import compare
 from .errors import InfraError, UsageError
-from .row import Table
-from .verify import load_verified
+from .row import Row, Table
 
 LABEL = "envbuild"
 MARKER = "<!-- envbuild:combination={id} -->"
-_MARKER_RE = re.compile(r"<!-- envbuild:combination=(\S+) -->")
+_MARKER_RE = re.compile(r"<!-- envbuild:combination=([A-Za-z0-9_.+-]+) -->")
 EXCERPT_LINES = 40  # the tail of the failure detail: where the error is
 API_VERSION = "2022-11-28"
+MAX_PAGES = 50  # 5,000 issues at 100 a page: more is a server that never ends its Link chain
+MAX_RESPONSE_BYTES = 16 << 20
 
 
 # ---------------------------------------------------------------- the GitHub REST API
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    u = urllib.parse.urlsplit(url)
+    return u.scheme.lower(), (u.hostname or "").lower(), u.port or {"https": 443, "http": 80}.get(u.scheme.lower())
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """urllib keeps the Authorization header on a redirect, whatever its target: none is followed."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        raise InfraError("github-api", f"{req.get_method()} {req.full_url}: HTTP {code} redirect to {newurl}: "
+                         "not followed (the token goes to the API's own origin only)")
 
 
 class GitHub:
@@ -46,9 +64,18 @@ class GitHub:
 
     def __init__(self, api: str, repo: str, token: str, timeout: float = 30):
         self.api, self.repo, self.token, self.timeout = api.rstrip("/"), repo, token, timeout
+        self.origin = _origin(self.api)
+        self._opener = urllib.request.build_opener(_NoRedirect())
+
+    def _url(self, path: str) -> str:
+        if not path.startswith(("http://", "https://")):
+            return f"{self.api}/repos/{self.repo}{path}"
+        if _origin(path) != self.origin:
+            raise InfraError("github-api", f"{path}: not the API's origin ({self.api}); the token is not sent there")
+        return path
 
     def _call(self, method: str, path: str, body: dict | None = None) -> tuple[object, dict]:
-        url = path if path.startswith("http") else f"{self.api}/repos/{self.repo}{path}"
+        url = self._url(path)
         req = urllib.request.Request(url, method=method, data=json.dumps(body).encode() if body is not None else None,
                                      headers={"Accept": "application/vnd.github+json",
                                               "Authorization": f"Bearer {self.token}",
@@ -56,75 +83,136 @@ class GitHub:
                                               "Content-Type": "application/json",
                                               "User-Agent": "envbuild-notify"})
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as r:
-                raw = r.read()
+            with self._opener.open(req, timeout=self.timeout) as r:
+                raw = r.read(MAX_RESPONSE_BYTES + 1)
+                if len(raw) > MAX_RESPONSE_BYTES:
+                    raise InfraError("github-api", f"{method} {url}: a response over {MAX_RESPONSE_BYTES} bytes")
                 return (json.loads(raw) if raw else None), dict(r.headers)
         except urllib.error.HTTPError as e:
-            msg = e.read()[:300].decode(errors="replace")
+            msg = e.read(300).decode(errors="replace")
             raise InfraError("github-api", f"{method} {url}: HTTP {e.code} {msg}") from None
-        except (urllib.error.URLError, OSError, json.JSONDecodeError) as e:
-            raise InfraError("github-api", f"{method} {url}: {e}") from None
+        except (urllib.error.URLError, OSError, ValueError, RecursionError) as e:
+            # ValueError: bad JSON, and http.client's own (bad status line, headers) are OSErrors or ValueErrors
+            raise InfraError("github-api", f"{method} {url}: {type(e).__name__}: {str(e)[:200]}") from None
+        except Exception as e:  # http.client.HTTPException and kin: a server that does not speak HTTP
+            raise InfraError("github-api", f"{method} {url}: {type(e).__name__}: {str(e)[:200]}") from None
 
     def issues(self) -> list[dict]:
         """Every issue with the envbuild label, open or closed (pull requests left out)."""
         out: list[dict] = []
         url: str | None = f"/issues?state=all&labels={LABEL}&per_page=100"
-        while url:
+        seen: set[str] = set()
+        for _ in range(MAX_PAGES):
             page, headers = self._call("GET", url)
-            out += [i for i in page or [] if isinstance(i, dict) and "pull_request" not in i]
+            if not isinstance(page, list):
+                raise InfraError("github-api", f"GET {url}: expected a list of issues, got {type(page).__name__}")
+            for i in page:
+                issue = _issue(i)
+                if issue is not None:
+                    out.append(issue)
             nxt = re.search(r'<([^>]+)>;\s*rel="next"', headers.get("Link") or headers.get("link") or "")
-            url = nxt.group(1) if nxt else None
-        return out
+            if not nxt:
+                return out
+            url = nxt.group(1)
+            if url in seen:
+                raise InfraError("github-api", f"GET {url}: the Link chain loops")
+            seen.add(url)
+        raise InfraError("github-api", f"more than {MAX_PAGES} pages of issues: stopped")
 
     def create(self, title: str, body: str) -> dict:
-        return self._call("POST", "/issues", {"title": title, "body": body, "labels": [LABEL]})[0]
+        return _number(self._call("POST", "/issues", {"title": title, "body": body, "labels": [LABEL]})[0], "POST /issues")
 
     def update(self, number: int, **fields) -> dict:
-        return self._call("PATCH", f"/issues/{number}", fields)[0]
+        return _number(self._call("PATCH", f"/issues/{number}", fields)[0], f"PATCH /issues/{number}")
 
     def comment(self, number: int, body: str) -> None:
         self._call("POST", f"/issues/{number}/comments", {"body": body})
 
 
+def _issue(i: object) -> dict | None:
+    """An issue as the API documents it, or None for anything else (a pull request, a stray shape)."""
+    if not isinstance(i, dict) or "pull_request" in i:
+        return None
+    n, state = i.get("number"), i.get("state")
+    if not isinstance(n, int) or isinstance(n, bool) or state not in ("open", "closed"):
+        return None
+    title, body = i.get("title"), i.get("body")
+    return {"number": n, "state": state, "title": title if isinstance(title, str) else "",
+            "body": body if isinstance(body, str) else ""}
+
+
+def _number(d: object, what: str) -> dict:
+    if not isinstance(d, dict) or not isinstance(d.get("number"), int) or isinstance(d.get("number"), bool):
+        raise InfraError("github-api", f"{what}: the answer has no issue number")
+    return d
+
+
+# ---------------------------------------------------------------- plain text in Markdown
+
+
+def plain(s: object) -> str:
+    """Text that GitHub's Markdown shows as written: one line, every punctuation mark that could
+    start markup escaped, mentions and references defused."""
+    t = " ".join(str(s if s is not None else "").split())
+    t = re.sub(r"([\\`*_{}\[\]()<>#+!|~=-])", r"\\\1", t)
+    return t.replace("@", "@\u200b")  # no @mention, no team ping
+
+
+def code(s: object) -> str:
+    """An inline code span the text cannot leave: one line, a fence longer than any run of
+    backticks in it, pipes escaped (GitHub splits table cells at them even inside code)."""
+    t = " ".join(str(s if s is not None else "").split()).replace("|", "\\|")
+    fence = "`" * (max((len(m) for m in re.findall(r"`+", t)), default=0) + 1)
+    pad = " " if t.startswith("`") or t.endswith("`") or not t else ""
+    return f"{fence}{pad}{t}{pad}{fence}"
+
+
+def fenced(text: str) -> list[str]:
+    """A fenced block whose fence no line of the text can close."""
+    fence = "`" * max(3, max((len(m) for m in re.findall(r"`+", text)), default=0) + 1)
+    return [fence, text, fence]
+
+
+def title_line(s: str) -> str:
+    """An issue title: one line, no control characters, bounded."""
+    return re.sub(r"[\x00-\x1f\x7f]+", " ", s)[:250]
+
+
 # ---------------------------------------------------------------- what to say
 
 
-def _status(row: dict | None) -> str | None:
-    return row.get("status") if isinstance(row, dict) else None
+def title_of(row: Row) -> str:
+    f = row.failure
+    if f and f.cause == "unsatisfiable":
+        return title_line(f"envbuild: {row.id} is unsatisfiable")
+    return title_line(f"envbuild: {row.id} broken at {(f.level if f else None) or '?'} ({(f.cause if f else None) or 'failed'})")
 
 
-def _failure(row: dict) -> dict:
-    f = row.get("failure")
-    return f if isinstance(f, dict) else {}
-
-
-def title_of(cid: str, row: dict) -> str:
-    f = _failure(row)
-    if f.get("cause") == "unsatisfiable":
-        return f"envbuild: {cid} is unsatisfiable"
-    return f"envbuild: {cid} broken at {f.get('level') or '?'} ({f.get('cause') or 'failed'})"
-
-
-def body_of(cid: str, row: dict, run_url: str | None, table_url: str | None) -> str:
-    f, combo, img = _failure(row), row.get("combo") or {}, row.get("image") or {}
-    detail = "\n".join(str(f.get("detail") or "").rstrip().splitlines()[-EXCERPT_LINES:])
-    lines = [MARKER.format(id=cid), "",
-             f"The nightly found **{cid}** broken at **{f.get('level') or '?'}**: `{f.get('cause') or 'failed'}`.", "",
-             "| verl | engine | torch | CUDA | Python |", "|---|---|---|---|---|",
-             "| " + " | ".join(str(x) for x in (combo.get("verl", ""), f"{combo.get('engine', '')} "
-                                                  f"{combo.get('engine_version') or ''}".strip(),
-                                                  combo.get("torch", ""), combo.get("cuda", ""),
-                                                  combo.get("python", ""))) + " |", ""]
-    if img.get("pinned"):
-        lines += [f"Image: `{img['pinned']}`", ""]
+def body_of(row: Row, run_url: str | None, table_url: str | None) -> str:
+    f, c = row.failure, row.combo
+    detail = "\n".join(str((f.detail if f else "") or "").rstrip().splitlines()[-EXCERPT_LINES:])
+    eng = f"{c.engine or ''} {c.engine_version or ''}".strip()
+    lines = [MARKER.format(id=row.id), "",
+             f"The nightly found {code(row.id)} broken at {code((f.level if f else None) or '?')}: "
+             f"{code((f.cause if f else None) or 'failed')}.", "",
+             "| verl | engine | torch | CUDA | Python | platform |", "|---|---|---|---|---|---|",
+             "| " + " | ".join(code(x) for x in (c.verl, eng, c.torch, c.cuda, c.python, c.platform or "linux/amd64"))
+             + " |", ""]
+    if row.pinned:
+        lines += [f"Image: {code(row.pinned)}", ""]
     if detail:
-        lines += ["Log excerpt:", "", "```", detail.replace("```", "'''"), "```", ""]
-    links = [f"[run]({run_url})"] if run_url else []
+        lines += ["Log excerpt:", ""] + fenced(detail) + [""]
+    links = [f"[run](<{_link(run_url)}>)"] if run_url else []
     if table_url:
-        links.append(f"[table]({table_url})")
+        links.append(f"[table](<{_link(table_url)}>)")
     lines += [("See " + " · ".join(links) + ". " if links else "")
               + "This issue is opened and closed by `envbuild ci notify`; it closes when the combination passes."]
     return "\n".join(lines) + "\n"
+
+
+def _link(url: str) -> str:
+    """A URL inside <...>: nothing that ends it or a line."""
+    return re.sub(r"[\s<>]", "", url)
 
 
 @dataclass
@@ -140,41 +228,40 @@ def regressed(old: Table, new: Table) -> list[str]:
     return sorted({c.id for c in compare(old, new).regressions if was.get(c.id) == "verified"})
 
 
-def plan_actions(old: dict, new: dict) -> dict[str, str]:
-    """{id: "broken" | "fixed" | "gone"} for rows whose issue may change. Rows are read as the
-    published JSON (by key), which stays the same whatever the in-memory row type."""
-    a = {r["id"]: r for r in old.get("rows", []) if isinstance(r, dict) and isinstance(r.get("id"), str)}
-    b = {r["id"]: r for r in new.get("rows", []) if isinstance(r, dict) and isinstance(r.get("id"), str)}
+def plan_actions(old: Table, new: Table) -> dict[str, str]:
+    """{id: "broken" | "fixed" | "gone"} for rows whose issue may change."""
+    a = {r.id for r in old.rows}
     todo: dict[str, str] = {}
-    for cid, row in b.items():
-        if _status(row) == "broken":
-            todo[cid] = "broken"
-        elif _status(row) in ("verified", "unpinned"):
-            todo[cid] = "fixed"
-    for cid in a.keys() - b.keys():
+    for row in new.rows:
+        if row.status == "broken":
+            todo[row.id] = "broken"
+        elif row.status in ("verified", "unpinned"):
+            todo[row.id] = "fixed"
+    for cid in a - {r.id for r in new.rows}:
         todo[cid] = "gone"
     return todo
 
 
-def notify(gh: GitHub, old: dict, new: dict, run_url: str | None = None, table_url: str | None = None,
+def notify(gh: GitHub, old: Table, new: Table, run_url: str | None = None, table_url: str | None = None,
            max_new: int = 30) -> list[Action]:
     todo = plan_actions(old, new)
-    rows_old = {r.get("id"): r for r in old.get("rows", []) if isinstance(r, dict)}
-    rows_new = {r.get("id"): r for r in new.get("rows", []) if isinstance(r, dict)}
+    rows_old = {r.id: r for r in old.rows}
+    rows_new = {r.id: r for r in new.rows}
     mine: dict[str, dict] = {}
-    for issue in sorted(gh.issues(), key=lambda i: i.get("number", 0)):
-        m = _MARKER_RE.search(issue.get("body") or "")
-        if m and (m.group(1) not in mine or issue.get("state") == "open"):
+    for issue in sorted(gh.issues(), key=lambda i: i["number"]):
+        m = _MARKER_RE.search(issue["body"])
+        if m and (m.group(1) not in mine or issue["state"] == "open"):
             mine[m.group(1)] = issue  # an open one wins over an older closed one
     actions: list[Action] = []
     opened = 0
     for cid in sorted(todo):
         what, issue = todo[cid], mine.get(cid)
-        is_open = bool(issue) and issue.get("state") == "open"
+        is_open = bool(issue) and issue["state"] == "open"
         if what == "broken":
             row = rows_new[cid]
-            title, body = title_of(cid, row), body_of(cid, row, run_url, table_url)
-            newly = _status(rows_old.get(cid)) != "broken"
+            title, body = title_of(row), body_of(row, run_url, table_url)
+            before = rows_old.get(cid)
+            newly = before is None or before.status != "broken"
             if issue is None:
                 if not newly:
                     continue  # broken before and nobody kept an issue: not news tonight
@@ -188,19 +275,22 @@ def notify(gh: GitHub, old: dict, new: dict, run_url: str | None = None, table_u
                 if not newly:
                     continue  # someone closed it by hand while it stayed broken: respect that
                 gh.update(issue["number"], state="open", title=title, body=body)
-                gh.comment(issue["number"], f"Broken again: {title.removeprefix('envbuild: ')}.")
+                gh.comment(issue["number"], f"Broken again: {plain(title.removeprefix('envbuild: '))}.")
                 actions.append(Action("reopened", cid, issue["number"]))
-            elif (issue.get("title"), issue.get("body")) != (title, body):
-                was = issue.get("title") or ""
+            elif (issue["title"], issue["body"]) != (title, body):
+                was = issue["title"]
                 gh.update(issue["number"], title=title, body=body)
                 if was != title:
-                    gh.comment(issue["number"], f"Still broken, now: {title.removeprefix('envbuild: ')} "
-                                                f"(was: {was.removeprefix('envbuild: ')}).")
+                    gh.comment(issue["number"], f"Still broken, now: {plain(title.removeprefix('envbuild: '))} "
+                                                f"(was: {plain(was.removeprefix('envbuild: '))}).")
                 actions.append(Action("updated", cid, issue["number"]))
         elif is_open:
-            why = (f"Fixed: {cid} is {_status(rows_new.get(cid))} in the new table"
-                   + (f" (up to {rows_new[cid].get('best_level')})" if what == "fixed" and rows_new[cid].get("best_level") else "")
-                   if what == "fixed" else f"{cid} is no longer in the table (the matrix dropped it)")
+            row = rows_new.get(cid)
+            if what == "fixed":
+                why = f"Fixed: {code(cid)} is {row.status} in the new table" + (
+                    f" (up to {row.best_level})" if row.best_level else "")
+            else:
+                why = f"{code(cid)} is no longer in the table (the matrix dropped it)"
             gh.comment(issue["number"], why + ". Closed by `envbuild ci notify`.")
             gh.update(issue["number"], state="closed", state_reason="completed" if what == "fixed" else "not_planned")
             actions.append(Action("closed", cid, issue["number"]))
@@ -220,11 +310,15 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    from .verify import load_verified
+
     env = os.environ
     missing = [k for k in ("GITHUB_REPOSITORY", "GITHUB_TOKEN") if not env.get(k)]
     if missing:
         raise UsageError(f"ci notify: {', '.join(missing)} not set (GitHub Actions sets them; "
                          "the job needs `permissions: issues: write`)")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+", env["GITHUB_REPOSITORY"]):
+        raise UsageError(f"ci notify: GITHUB_REPOSITORY={env['GITHUB_REPOSITORY']!r} is not OWNER/NAME")
     new = load_verified(args.new, args.pubkey, insecure=args.insecure, quiet=True)[0]
     # OLD is old by design (diff's rule): its signature is checked, not its freshness.
     old = load_verified(args.old, args.pubkey, insecure=args.insecure, quiet=True, fresh=False)[0] \
@@ -233,7 +327,7 @@ def run(args) -> int:
     run_url = None
     if env.get("GITHUB_RUN_ID"):
         run_url = f"{env.get('GITHUB_SERVER_URL') or 'https://github.com'}/{env['GITHUB_REPOSITORY']}/actions/runs/{env['GITHUB_RUN_ID']}"
-    actions = notify(gh, old.to_dict(), new.to_dict(), run_url, args.table_url, args.max_new)
+    actions = notify(gh, old, new, run_url, args.table_url, args.max_new)
     bad = regressed(old, new)
     for a in actions:
         print(f"#{a.number} {a.kind}: {a.id}")

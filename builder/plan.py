@@ -6,8 +6,10 @@ import json
 import sys
 
 from .index import Metadata, snapshot
-from .matrix import add_selector_args, matrix_from_args, plan_from_args  # noqa: F401 - plan_from_args re-exported
+from .matrix import matrix_from_args, plan_from_args
 from .paths import metadata_snapshot_for_write
+from .selector import add_selector_args
+from .vocab import dist_of
 
 
 def add_arguments(p) -> None:
@@ -51,7 +53,7 @@ def _refresh(args, meta) -> None:
     meta._snap = {}  # read everything afresh (the disk cache still saves requests)
     keys = [("verl", v) for v in m.verl]
     for eng, versions in m.engines.items():
-        keys += [(eng, v) for v in versions if v]
+        keys += [(dist_of(eng), v) for v in versions if v]
     torches = set(m.torch or [])
     torches |= {inc["torch"] for inc in m.include if "torch" in inc}
     for eng, versions in m.engines.items():

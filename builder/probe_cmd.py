@@ -7,12 +7,13 @@ import json
 import shutil
 import sys
 
-from .errors import EXIT_OF_VERDICT, INFRA, InputError, UsageError
+from .errors import InputError, UsageError
 from .fanout import add_ray_arguments, run_from_args
 from .fsutil import write_json_atomic
 from .probe_run import DEFAULT_TIMEOUT, probe_here, probe_image
 from .selector import selectors_from_args
-from .vocab import CPU, LEVELS, cuda_version, parse_cuda
+from .outcome import exit_of_verdict
+from .vocab import LEVELS, parse_variant
 
 # ----------------------------------------------------------------------------- CLI
 def add_arguments(p) -> None:
@@ -21,8 +22,8 @@ def add_arguments(p) -> None:
     p.add_argument("--python-exe", metavar="PATH",
                    help="with --here: probe the environment of this interpreter (default: the current one)")
     p.add_argument("--level", choices=LEVELS, default="contract", help="a level includes the levels below it")
-    p.add_argument("--expect-cuda", help="the CUDA the image must hold (cu124 or 12.4; 'cpu' for a CPU build); "
-                                         "default: --cuda")
+    p.add_argument("--expect-cuda", help="the accelerator variant the image's torch must be built for (cu124 or "
+                                         "12.4, rocm6.2; 'cpu' for a CPU build); default: --cuda")
     p.add_argument("--expect-torch", help="default: --torch")
     p.add_argument("--expect-engine-version", help="default: the version given with --vllm/--sglang")
     p.add_argument("--expect-verl", help="default: --verl")
@@ -41,11 +42,11 @@ def add_arguments(p) -> None:
 
 def _expect(args, sel) -> dict:
     cuda = args.expect_cuda or sel.cuda
-    if cuda and cuda != CPU:
-        norm = parse_cuda(cuda)
-        if norm is None:
-            raise InputError("command line", None, "--expect-cuda", cuda, "not a CUDA version (12.4 or cu124, or cpu)")
-        cuda = cuda_version(norm)
+    if cuda:
+        var = parse_variant(cuda)
+        if var is None:
+            raise InputError("command line", None, "--expect-cuda", cuda, "not a variant (cu124 or 12.4, rocm6.2, or cpu)")
+        cuda = var.tag
     expect = {"cuda": cuda, "torch": args.expect_torch or sel.torch,
               "engine_version": args.expect_engine_version or sel.engine_version, "verl": args.expect_verl or sel.verl,
               "platform": sel.platform}  # --platform: an image of another machine runs emulated
@@ -83,7 +84,7 @@ def run(args) -> int:
         print()
     else:
         print_summary(v)
-    return EXIT_OF_VERDICT.get(v.get("status"), INFRA)
+    return exit_of_verdict(v.get("status"))
 
 
 def print_summary(v: dict, file=None) -> None:

@@ -19,7 +19,6 @@ import hashlib
 import json
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -29,13 +28,14 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from . import host
+from .docker import Engine
 from .errors import InputError
 from .fsutil import write_json_atomic
+from .outcome import Verdict, record_status, unwritten
 from .paths import cache_dir
 from .record import Record, iter_records, latest, machine_info, write_record
-from .vocab import (
-    ENGINES, FAIL, LEVELS, OK, RECORD_ERROR, RECORD_FAIL, TIMEOUT, VERDICT_TO_RECORD, cuda_version, host_platform,
-)
+from .vocab import ENGINES, FAIL, LEVELS, TIMEOUT
 
 # Where the renderer puts things inside images (dockerfiles/ uses these constants).
 IMAGE_PROBE_PARENT = "/opt/envbuild"
@@ -49,35 +49,17 @@ DEFAULT_TIMEOUT = {"env": 300.0, "contract": 600.0, "gpu": 900.0}
 EXPECT_KEYS = ("cuda", "torch", "engine_version", "verl", "platform")
 EXIT_GRACE = 60.0  # seconds a probe whose levels all ended has to exit
 STOP = (FAIL, TIMEOUT, "error")  # a level with this status ends the run: later levels build on it
-
-
-def docker_exe(docker: str = "docker") -> str:
-    """Debian's client (has BuildKit here); /usr/local/bin/docker may be a newer client without."""
-    if docker == "docker" and os.path.exists("/usr/bin/docker"):
-        return "/usr/bin/docker"
-    return docker
-
-
-def gpu_present() -> bool:
-    if os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl"):
-        return True
-    exe = shutil.which("nvidia-smi")
-    if not exe:
-        return False
-    try:
-        return subprocess.run([exe, "-L"], capture_output=True, timeout=30).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
+CONTAINER_PREFIX = "envbuild-probe-"  # probe containers' names (fanout removes orphans by it)
 
 
 # ---------------------------------------------------------------- what the probe checks
 
 
 def expect_of(combo) -> dict:
-    """The one builder of what the probe checks an image against (a Combo or its dict).
-    CUDA goes as the probe reads torch.version.cuda: 12.4."""
+    """The one builder of what the probe checks an image against (a Combo or its dict). The
+    accelerator variant goes as its tag (cu124): the probe parses any spelling (vocab.parse_variant)."""
     d = combo if isinstance(combo, dict) else combo.to_dict()
-    out = {"cuda": cuda_version(d["cuda"]) if d.get("cuda") else "", "torch": d.get("torch"),
+    out = {"cuda": d.get("cuda") or "", "torch": d.get("torch"),
            "engine_version": d.get("engine_version"), "verl": d.get("verl"), "platform": d.get("platform")}
     return {k: v for k, v in out.items() if v and v != "?"}
 
@@ -104,14 +86,6 @@ def _launcher(python: str, nproc: int) -> list[str]:
     if nproc > 1:
         return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", PROBE_MODULE]
     return [python, "-m", PROBE_MODULE]
-
-
-def outcome(level: str, engine: str, expect: dict, status: str, cause: str, detail: str) -> dict:
-    """A verdict the probe could not write itself (timeout, crash, docker error)."""
-    return {"schema": 1, "level": level, "engine": engine, "expect": expect, "status": status, "cause": cause,
-            "checks": [{"name": "probe-run", "level": level, "status": status, "detail": detail[-2000:],
-                        "cause": cause, "seconds": 0.0}], "versions": {}, "timings": {}, "gpu": {},
-            "peak_gpu_mem": None, "metrics": {}}
 
 
 def _run(cmd: list[str], timeout: float, env: dict | None, on_timeout,
@@ -167,44 +141,40 @@ def _run_levels(cmd: list[str], levels: list[str], limits: list[float], ldir: Pa
 def _finish(out_json: Path, rc: int | None, out: str, err: str, wall: float, level: str, engine: str,
             expect: dict, timeout: float, runner: dict, timed_out: bool | None = None) -> dict:
     if rc is None if timed_out is None else timed_out:
-        v = outcome(level, engine, expect, TIMEOUT, "timeout",
+        v = unwritten(level, engine, expect, TIMEOUT, "timeout",
                     f"killed after {timeout:.0f}s; last output:\n{(out + err)[-1500:]}")
     elif out_json.is_file():
         try:
             v = json.loads(out_json.read_text())
         except (OSError, json.JSONDecodeError) as e:
-            v = outcome(level, engine, expect, "error", "bad-verdict", f"unreadable verdict: {e}")
+            v = unwritten(level, engine, expect, "error", "bad-verdict", f"unreadable verdict: {e}")
     else:
-        v = outcome(level, engine, expect, "error", "no-verdict",
+        v = unwritten(level, engine, expect, "error", "no-verdict",
                     f"probe exited {rc} without a verdict:\n{(out + err)[-1500:]}")
     v["runner"] = {**runner, "exit_code": rc, "wall_seconds": round(wall, 3), "timeout": timeout,
                    "stderr_tail": err[-3000:]}
     return v
 
 
-def _image_cmd(exe: str, name: str, tmp: str, image: str, level: str, engine: str, expect: dict, *,
+def _image_cmd(eng: Engine, name: str, tmp: str, image: str, level: str, engine: str, expect: dict, *,
                nproc: int, gpus: bool | None, mount_probe: bool, python: str, pull: str) -> list[str]:
     """`docker run` of the probe in a throw-away container; its verdicts land in `tmp` (/out)."""
-    cmd = [exe, "run", "--rm", "--pull", pull, "--name", name, "--network", "host", "--read-only",
-           "--tmpfs", "/tmp:rw,exec,size=4g", "--shm-size", "2g", "-e", "HOME=/tmp", "-w", "/tmp",
-           "-e", f"PYTHONPATH={IMAGE_PROBE_PARENT}", "-e", "PYTHONDONTWRITEBYTECODE=1",
-           "-v", f"{tmp}:/out", "--entrypoint", python]
-    if mount_probe:
-        cmd[-2:-2] = ["-v", f"{PROBE_SRC}:{IMAGE_PROBE_DIR}:ro"]
-    if gpus if gpus is not None else gpu_present():
-        cmd[3:3] = ["--gpus", "all"]
-    if expect.get("platform") and expect["platform"] != host_platform():
-        cmd[3:3] = ["--platform", expect["platform"]]  # another machine's image runs emulated
+    mounts = [(tmp, "/out", False)] + ([(str(PROBE_SRC), IMAGE_PROBE_DIR, True)] if mount_probe else [])
+    devices = host.container_device_args() if gpus is None else (["--gpus", "all"] if gpus else [])
     launcher = _launcher(python, nproc)[1:]  # the entrypoint is the python
-    return cmd + [image, *launcher, *probe_args(level, engine, expect), "--json", "/out/verdict.json",
-                  "--scratch", "/tmp"]
+    return eng.run_argv(image, [*launcher, *probe_args(level, engine, expect), "--json", "/out/verdict.json",
+                                "--scratch", "/tmp"],
+                        name=name, entrypoint=python, mounts=mounts, read_only=True,
+                        tmpfs=["/tmp:rw,exec,size=4g"], shm_size="2g", workdir="/tmp",
+                        env={"HOME": "/tmp", "PYTHONPATH": IMAGE_PROBE_PARENT, "PYTHONDONTWRITEBYTECODE": "1"},
+                        devices=devices, platform=expect.get("platform"), pull=pull)
 
 
 def _docker_failed(rc: int | None, out: str, err: str, wrote: bool, level: str, engine: str, expect: dict,
                    runner: dict) -> dict | None:
     """docker itself failed (no such image, daemon error): infrastructure, not a verdict."""
     if rc == 125 or (rc in (126, 127) and not wrote):
-        v = outcome(level, engine, expect, "error", "docker-error", (err or out)[-2000:])
+        v = unwritten(level, engine, expect, "error", "docker-error", (err or out)[-2000:])
         v["runner"] = {**runner, "exit_code": rc}
         return v
     return None
@@ -215,16 +185,16 @@ def probe_image(image: str, *, level: str, engine: str, expect: dict, timeout: f
                 python: str = IMAGE_PYTHON, pull: str = "missing") -> dict:
     """Probe IMAGE in a throw-away container; returns the verdict dict (never raises for a broken stack)."""
     timeout = float(timeout or DEFAULT_TIMEOUT[level])
-    exe = docker_exe(docker)
-    name = f"envbuild-probe-{secrets.token_hex(5)}"
+    eng = Engine.for_containers(docker)
+    name = f"{CONTAINER_PREFIX}{secrets.token_hex(5)}"
     with tempfile.TemporaryDirectory(prefix="envbuild-probe-") as tmp:
         os.chmod(tmp, 0o777)  # the image may run as another user
-        cmd = _image_cmd(exe, name, tmp, image, level, engine, expect, nproc=nproc, gpus=gpus,
+        cmd = _image_cmd(eng, name, tmp, image, level, engine, expect, nproc=nproc, gpus=gpus,
                          mount_probe=mount_probe, python=python, pull=pull)
         try:
-            rc, out, err, wall = _run(cmd, timeout, None, lambda _p: _kill_container(exe, name))
+            rc, out, err, wall = _run(cmd, timeout, None, lambda _p: eng.kill(name))
         except FileNotFoundError as e:
-            return outcome(level, engine, expect, "error", "no-docker", f"{exe}: {e}")
+            return unwritten(level, engine, expect, "error", "no-docker", f"{eng.client}: {e}")
         runner = {"mode": "image", "image": image, "cmd": cmd}
         failed = _docker_failed(rc, out, err, (Path(tmp) / "verdict.json").exists(), level, engine, expect, runner)
         return failed or _finish(Path(tmp) / "verdict.json", rc, out, err, wall, level, engine, expect, timeout,
@@ -240,22 +210,21 @@ def probe_image_levels(image: str, *, levels, engine: str, expect: dict, timeout
     level keeps its own timeout (`timeout`, else DEFAULT_TIMEOUT), counted from the end of the
     level below; a level that outlives it is `timeout`, the levels that ended keep their verdicts."""
     levels = list(levels)
-    exe = docker_exe(docker)
-    name = f"envbuild-probe-{secrets.token_hex(5)}"
+    eng = Engine.for_containers(docker)
+    name = f"{CONTAINER_PREFIX}{secrets.token_hex(5)}"
     limits = [float(timeout or DEFAULT_TIMEOUT[lv]) for lv in levels]
     with tempfile.TemporaryDirectory(prefix="envbuild-probe-") as tmp:
         os.chmod(tmp, 0o777)  # the image may run as another user
         ldir = Path(tmp) / "levels"
         ldir.mkdir()
         os.chmod(ldir, 0o777)
-        cmd = _image_cmd(exe, name, tmp, image, levels[-1], engine, expect, nproc=nproc, gpus=gpus,
+        cmd = _image_cmd(eng, name, tmp, image, levels[-1], engine, expect, nproc=nproc, gpus=gpus,
                          mount_probe=True, python=python, pull=pull)
         cmd += ["--levels-dir", "/out/levels", "--stop-at-failure"]
         try:
-            rc, out, err, ends, wall = _run_levels(cmd, levels, limits, ldir, on_level,
-                                                   lambda _p: _kill_container(exe, name))
+            rc, out, err, ends, wall = _run_levels(cmd, levels, limits, ldir, on_level, lambda _p: eng.kill(name))
         except FileNotFoundError as e:
-            return {levels[0]: outcome(levels[0], engine, expect, "error", "no-docker", f"{exe}: {e}")}
+            return {levels[0]: unwritten(levels[0], engine, expect, "error", "no-docker", f"{eng.client}: {e}")}
         runner = {"mode": "image", "image": image, "cmd": cmd, "levels_in_run": levels}
         failed = _docker_failed(rc, out, err, any(ldir.iterdir()), levels[0], engine, expect, runner)
         if failed:
@@ -277,11 +246,6 @@ def probe_image_levels(image: str, *, levels, engine: str, expect: dict, timeout
             if v.get("status") in STOP:
                 break
         return verdicts
-
-
-def _kill_container(exe: str, name: str) -> None:
-    subprocess.run([exe, "kill", name], capture_output=True, timeout=60)
-    subprocess.run([exe, "rm", "-f", name], capture_output=True, timeout=60)
 
 
 def probe_here(*, level: str, engine: str, expect: dict, timeout: float | None = None, nproc: int = 1,
@@ -353,15 +317,15 @@ class Target:
 
 
 def probe_levels(t: Target, levels, *, timeout: float | None = None, probe_fn=None,
-                 cache: VerdictCache | None = None, run_id: str = "", on_level=None) -> dict:
-    """{level: verdict} for the levels in order, stopping at the first that fails, times out or
+                 cache: VerdictCache | None = None, run_id: str = "", on_level=None) -> dict[str, Verdict]:
+    """{level: Verdict} for the levels in order, stopping at the first that fails, times out or
     errs (the next level builds on it). `probe_fn(ref, levels=, engine=, expect=, timeout=,
     on_level=)` -> {level: verdict} runs them (default probe_image_levels: one container for all).
     When every level's verdict is in `cache` under the same reuse key, they are returned with
     `reused_from` instead of running; otherwise all run (a level includes the ones below it)."""
     probe_fn = probe_fn or probe_image_levels
     levels = list(levels)
-    gpu = gpu_present() if cache is not None and t.image_id else False
+    gpu = host.gpu_present() if cache is not None and t.image_id else False
     keys = {lv: reuse_key(t.image_id, lv, t.engine, t.expect, gpu) for lv in levels} \
         if cache is not None and t.image_id else {}
     hits: dict[str, dict] = {}
@@ -373,33 +337,16 @@ def probe_levels(t: Target, levels, *, timeout: float | None = None, probe_fn=No
         if hits[lv].get("status") in STOP:
             break
     if hits and (len(hits) == len(levels) or list(hits.values())[-1].get("status") in STOP):
-        return hits
+        return {lv: Verdict.of(v, lv) for lv, v in hits.items()}
     out = probe_fn(t.ref, levels=levels, engine=t.engine, expect=t.expect, timeout=timeout, on_level=on_level)
     for lv, v in out.items():
         if keys:
-            cache.put(keys[lv], v, run_id)
-    return out
-
-
-def record_status(verdicts: dict) -> tuple[str, str | None, str]:
-    """A record's (status, cause, detail) from its level verdicts, by vocab.VERDICT_TO_RECORD:
-    the first failing level decides; error (infrastructure) only when nothing failed."""
-    first: dict[str, tuple[str, dict]] = {}
-    for lv, v in verdicts.items():
-        first.setdefault(VERDICT_TO_RECORD.get(v.get("status"), RECORD_ERROR), (lv, v))
-    st = next((s for s in (RECORD_FAIL, RECORD_ERROR) if s in first), OK)
-    if st == OK:
-        return OK, None, ""
-    lv, v = first[st]
-    want = v.get("status")
-    cause = v.get("cause") or (TIMEOUT if want == TIMEOUT else f"probe-{want}")
-    bad = [f"{c.get('name')}: {c.get('detail', '')}".strip() for c in v.get("checks", [])
-           if c.get("status") in (FAIL, TIMEOUT, "error")]
-    return st, cause, (f"probe level {lv}: {want}\n" + "\n".join(bad))[:4000]
+            cache.put(keys[lv], v if isinstance(v, dict) else v.to_dict(), run_id)
+    return {lv: Verdict.of(v, lv) for lv, v in out.items()}
 
 
 def probe_seconds(verdicts: dict) -> float:
-    return round(sum(float((v.get("runner") or {}).get("wall_seconds") or 0) for v in verdicts.values()), 3)
+    return round(sum(Verdict.of(v).wall_seconds for v in verdicts.values()), 3)
 
 
 # ---------------------------------------------------------------- images recorded in a results folder

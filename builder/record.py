@@ -4,23 +4,24 @@ Layout: RESULTS/records/<combo id>/<run id>.json. A record is written once, atom
 never rewritten, so a failed or interrupted run can never erase an earlier verdict. The table
 (`envbuild publish`) folds all records; the newest record per combination and level wins.
 
-Record fields (schema 1):
+Record fields (schema 1; envbuild.outcome says what the statuses mean):
   schema        1
   run_id        sortable, unique: "<UTC yyyymmddThhmmss>-<6 hex>"
   created       ISO-8601 UTC
-  combo         the Combo as a dict (id, cuda, python, torch, engine, engine_version, verl, tag)
-  stage         furthest stage reached: "lock" | "render" | "build" | "probe"
-  status        "ok" (stage completed) | "fail" (the stack is broken: a verdict)
-                | "error" (infrastructure: index unreachable, daemon error; not a verdict)
+  combo         the planned combination as a dict (values.Combo.to_dict: id, tag, verl, engine,
+                engine_version, torch, cuda, python, platform, ...); never what the build observed
+  stage         furthest stage reached: "lock" | "render" | "build" | "push" | "probe" (outcome.STAGES)
+  status        "ok" | "fail" (a verdict: the stack is broken) | "error" (infrastructure)
   cause         classified cause when not ok, e.g. "unsatisfiable", "index-unreachable",
                 "download-failure", "compile-failure", "missing-wheel", "timeout", "daemon-error"
   detail        one paragraph: the explanation or the last lines of the failing output
-  base          {"kind": "nvidia"|"bootstrap"|"image", "ref": image reference}
-  image         {"ref", "content_hash", "id", "digest" ("repo@sha256:..." after push), "size"}
+  base          {"kind": "nvidia"|"bootstrap"|"image", "ref", "digest"?}: what the image was built FROM
+  image         {"ref", "tags", "content_hash", "id", "digest" ("repo@sha256:..." after push), "size", "reused"}
   lock_hash     sha256 of the combination's full lock
-  probe         {level: probe verdict JSON as written by the probe}, levels "env"|"contract"|"gpu"
-  timings       {stage: seconds}
-  machine       {"hostname", "gpu", "docker"}
+  probe         {level: outcome.Verdict} for levels "env"|"contract"|"gpu" (typed on read; written as
+                the probe's JSON)
+  timings       {stage: seconds}, plus base_wait and push_probe_wall (envbuild.build)
+  machine       where it ran: {"hostname", "platform"} (record.machine_info), plus "gpu" for a probe on one
   log           build log path relative to RESULTS, if any
   lock_notes    what the lock had to do that a reader must know: {"relaxed": ["X taken from <date>: ..."],
                 "built_from_source": ["name==version"]} (absent keys: nothing to say)
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .fsutil import safe_name, write_json_atomic
+from .outcome import RECORD_STATUSES, STAGES, Verdict
 
 SCHEMA = 1
 MAX_RECORD_BYTES = 16 << 20  # a record is a few kB to a few hundred kB (probe verdicts included)
@@ -57,7 +59,7 @@ class Record:
     base: dict | None = None
     image: dict | None = None
     lock_hash: str | None = None
-    probe: dict = field(default_factory=dict)
+    probe: dict[str, Verdict] = field(default_factory=dict)
     timings: dict = field(default_factory=dict)
     machine: dict = field(default_factory=dict)
     log: str | None = None
@@ -66,8 +68,14 @@ class Record:
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     schema: int = SCHEMA
 
+    def __post_init__(self):
+        # Typed whatever the source: a verdict dict (the probe's JSON) becomes an outcome.Verdict.
+        self.probe = {str(k): Verdict.of(v, k) for k, v in (self.probe or {}).items()}
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d["probe"] = {k: v.to_dict() for k, v in self.probe.items()}
+        return d
 
     @classmethod
     def from_dict(cls, d: object) -> "Record":
@@ -79,15 +87,26 @@ class Record:
         combo = known.get("combo")
         if not isinstance(combo, dict) or not isinstance(combo.get("id"), str) or not combo["id"]:
             raise ValueError("combo.id missing")
-        for k, typ in (("stage", str), ("status", str), ("run_id", str)):
-            if not isinstance(known.get(k, ""), typ):
+        for k, typ in (("stage", str), ("status", str), ("run_id", str), ("created", str), ("detail", str)):
+            if k in known and not isinstance(known[k], typ):
                 raise ValueError(f"{k} is not a {typ.__name__}")
+        if known.get("status") not in RECORD_STATUSES:
+            raise ValueError(f"status {known.get('status')!r} is not one of {', '.join(RECORD_STATUSES)}")
+        if known.get("stage", "lock") not in STAGES:
+            raise ValueError(f"stage {known.get('stage')!r} is not one of {', '.join(STAGES)}")
+        for k in ("cause", "lock_hash", "log"):
+            if known.get(k) is not None and not isinstance(known[k], str):
+                raise ValueError(f"{k} is not a string")
         for k in ("probe", "timings", "machine", "lock_notes"):
-            if not isinstance(known.get(k) or {}, dict):
+            if k in known and not isinstance(known[k], dict):  # exactly an object: "" or 0 is not one
                 raise ValueError(f"{k} is not an object")
         for k in ("image", "base"):
             if known.get(k) is not None and not isinstance(known[k], dict):
                 raise ValueError(f"{k} is not an object")
+        img = known.get("image") or {}
+        for k in ("id", "ref", "digest", "content_hash"):
+            if img.get(k) is not None and not isinstance(img[k], str):
+                raise ValueError(f"image.{k} is not a string")
         return cls(**known)
 
 

@@ -20,7 +20,7 @@ import requests
 import requests.adapters
 
 from .errors import InfraError
-from .image import registry_host
+from .values import registry_host
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"

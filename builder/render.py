@@ -19,12 +19,14 @@ from pathlib import Path
 import jinja2
 
 from . import image
-from .base import Base, resolve_base
-from .errors import EnvbuildError, InputError
+from .base import resolve_base
+from .errors import InputError
 from .fsutil import write_atomic
 from .layers import STAGES, STEP_CACHE_DIR, ImageModel, expected_text, model_for
 from .lock import Locker, LockResult
-from .matrix import Combo, add_selector_args, matrix_from_args, plan_from_args
+from .matrix import matrix_from_args, plan_from_args
+from .selector import add_selector_args
+from .values import Base, Combo
 from .paths import templates_dir
 from .index import Metadata
 

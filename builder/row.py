@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .errors import InputError
+from .values import parse_pinned  # noqa: F401 - readers of the table find it with the rows
 from .vocab import LEVELS
 
 TABLE_PAYLOAD_TYPE = "application/vnd.envbuild.compat-table+json"  # the DSSE payload type of compat.json
@@ -26,13 +27,11 @@ READABLE_SCHEMAS = (1, 2)
 STATUSES = ("verified", "broken", "untested", "unpinned")
 
 
-_PINNED = re.compile(r"(?P<repo>[^@\s]+)@sha256:(?P<hex>[0-9a-f]{64})")
+def attestation_path(row_id: str) -> str:
+    """Where a row's attestation lives, relative to the table folder (publish and verify)."""
+    from .fsutil import safe_name
 
-
-def parse_pinned(ref: object) -> tuple[str, str] | None:
-    """'repo@sha256:hex' -> (repo, hex); anything else (a tag, None) -> None."""
-    m = _PINNED.fullmatch(ref) if isinstance(ref, str) else None
-    return (m["repo"], m["hex"]) if m else None
+    return f"attestations/{safe_name(row_id, 'row id')}.dsse.json"
 
 
 _UTC = re.compile(r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})Z")

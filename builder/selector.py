@@ -1,8 +1,9 @@
 """One selector grammar for every command that selects combinations (plan, lock, render, build,
 probe --ray, ci, pick).
 
-Flags: --cuda (cu126 or 12.6), --platform linux/arm64 (or arm64), --python 3.N, --torch V,
---engine vllm|sglang|hf with the shortcuts --vllm V, --sglang V, --hf, --verl V, --matrix FILE.
+Flags: --cuda (cu126 or 12.6: any spelling of an accelerator variant), --platform linux/arm64 (or
+arm64), --python 3.N, --torch V, --engine NAME with one shortcut per engine (vocab.ENGINE_SPECS:
+--vllm V, --sglang V for versioned engines, --hf for an unversioned one), --verl V, --matrix FILE.
 
 A version selects by release prefix: `--vllm 0.8` selects 0.8.4 and 0.8.5.post1; `--vllm 0.8.5`
 selects 0.8.5 only (not 0.8.5.post1: same number of release segments means exact). When a
@@ -19,7 +20,7 @@ from functools import lru_cache
 from packaging.version import InvalidVersion, Version
 
 from .errors import InputError
-from .vocab import DEFAULT_PLATFORM, ENGINES, PLATFORMS, parse_cuda, parse_platform
+from .vocab import DEFAULT_PLATFORM, ENGINE_SPECS, ENGINES, PLATFORMS, parse_platform, parse_variant, variant_tag
 
 _PY_RE = re.compile(r"3\.\d{1,2}")
 _WHERE = "command line"
@@ -27,7 +28,7 @@ _WHERE = "command line"
 
 @dataclass(frozen=True)
 class Selectors:
-    cuda: str | None = None  # a variant name: cu126
+    cuda: str | None = None  # an accelerator variant's tag: cu126 (vocab.Variant)
     python: str | None = None
     torch: str | None = None
     engine: str | None = None  # vllm | sglang | hf
@@ -40,11 +41,11 @@ class Selectors:
 
     def explicit(self) -> bool:
         """Names one verl release and one engine release: the user asks about exactly that stack."""
-        return bool(self.verl and self.engine and (self.engine_version or self.engine == "hf"))
+        return bool(self.verl and self.engine and (self.engine_version or not _versioned(self.engine)))
 
     def matches(self, *, cuda=None, python=None, torch=None, engine=None, engine_version=None, verl=None,
                 platform=None) -> bool:
-        if self.cuda and parse_cuda(cuda) != self.cuda:
+        if self.cuda and variant_tag(cuda) != self.cuda:
             return False
         if self.platform and (parse_platform(platform) or DEFAULT_PLATFORM) != self.platform:
             return False
@@ -70,7 +71,7 @@ class Selectors:
                 continue
             if v and k == "engine":
                 parts.append(f"--{v} {self.engine_version}" if self.engine_version else
-                             ("--hf" if v == "hf" else f"--engine {v}"))
+                             (f"--{v}" if not _versioned(v) else f"--engine {v}"))
             elif v:
                 parts.append(f"--{k} {v}")
         return " ".join(parts) or "(no selectors)"
@@ -114,11 +115,22 @@ def add_selector_args(p, *, matrix: bool = True) -> None:
     p.add_argument("--python", help="Python version, e.g. 3.11")
     p.add_argument("--platform", help=f"platform: {' or '.join(PLATFORMS)} (arm64 and amd64 work too)")
     p.add_argument("--torch", help="torch version or prefix (overrides the pin the engine implies)")
-    p.add_argument("--engine", choices=ENGINES, help="engine; --vllm V / --sglang V / --hf are shortcuts")
-    p.add_argument("--vllm", metavar="V", help="vLLM version or prefix (0.8 selects 0.8.x)")
-    p.add_argument("--sglang", metavar="V", help="SGLang version or prefix")
-    p.add_argument("--hf", action="store_true", help="the hf engine (transformers generate, no inference engine)")
+    p.add_argument("--engine", choices=ENGINES,
+                   help="engine; " + " / ".join(_flag(e) for e in ENGINE_SPECS) + " are shortcuts")
+    for e in ENGINE_SPECS:  # one shortcut per engine, from its descriptor
+        if e.versioned:
+            p.add_argument(f"--{e.name}", metavar="V", help=f"{e.label} version or prefix (0.8 selects 0.8.x)")
+        else:
+            p.add_argument(f"--{e.name}", action="store_true", help=f"the {e.label} engine")
     p.add_argument("--verl", metavar="V", help="verl version or prefix")
+
+
+def _flag(e) -> str:
+    return f"--{e.name} V" if e.versioned else f"--{e.name}"
+
+
+def _versioned(engine: str) -> bool:
+    return next((e.versioned for e in ENGINE_SPECS if e.name == engine), True)
 
 
 def _version(flag: str, v: str | None) -> str | None:
@@ -133,10 +145,10 @@ def selectors_from_args(args) -> Selectors:
     g = lambda k: getattr(args, k, None)  # noqa: E731 - not every command has every flag
     cuda = g("cuda")
     if cuda is not None:
-        norm = parse_cuda(cuda)
-        if norm is None or norm == "cpu":
-            raise InputError(_WHERE, None, "--cuda", cuda, "not a CUDA variant (cu126 or 12.6)")
-        cuda = norm
+        var = parse_variant(cuda)
+        if var is None or var.kind == "cpu":
+            raise InputError(_WHERE, None, "--cuda", cuda, "not an accelerator variant (cu126 or 12.6, rocm6.2)")
+        cuda = var.tag
     platform = g("platform")
     if platform is not None:
         norm = parse_platform(platform)
@@ -146,9 +158,9 @@ def selectors_from_args(args) -> Selectors:
     python = g("python")
     if python is not None and not _PY_RE.fullmatch(python):
         raise InputError(_WHERE, None, "--python", python, "not a Python version 3.N")
-    shortcuts = [(e, g(e)) for e in ("vllm", "sglang") if g(e)] + ([("hf", "")] if g("hf") else [])
+    shortcuts = [(e.name, g(e.name) if e.versioned else "") for e in ENGINE_SPECS if g(e.name)]
     if len(shortcuts) > 1:
-        raise InputError(_WHERE, None, "--vllm/--sglang/--hf", " ".join(f"--{e}" for e, _ in shortcuts),
+        raise InputError(_WHERE, None, "/".join(f"--{e}" for e in ENGINES), " ".join(f"--{e}" for e, _ in shortcuts),
                          "pick one engine")
     engine, ev = g("engine"), None
     if shortcuts:
@@ -162,8 +174,8 @@ def selectors_from_args(args) -> Selectors:
 
 
 def from_flags(**flags) -> Selectors:
-    """Selectors from flag values by name (cuda=, vllm=, sglang=, hf=, engine=, torch=, verl=, python=),
-    validated as on the command line."""
+    """Selectors from flag values by name (cuda=, engine=, one per engine shortcut: vllm=, hf=, ...,
+    torch=, verl=, python=, platform=), validated as on the command line."""
     from types import SimpleNamespace
 
     return selectors_from_args(SimpleNamespace(**flags))

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import InfraError, InputError, TrustError, UsageError
-from .row import TABLE_PAYLOAD_TYPE, Table, parse_utc
+from .row import TABLE_PAYLOAD_TYPE, Table, attestation_path, parse_utc
 from .sign import PublicKey, VerifyError, load_public_key, parse_public_key, parse_public_key_bytes, verify_envelope
 from .state import Config, TrustStore, config_path, load_config
 
@@ -373,11 +373,6 @@ def _parse_table(data: bytes, where: str) -> Table:
     return Table.from_dict(d, where)
 
 
-def load_table(path_or_url: str | os.PathLike | None, pubkey=None, insecure: bool = False) -> dict:
-    """Verify, then return the table as a dict (doctor). Raises TrustError/InputError/InfraError."""
-    return load_verified(path_or_url, pubkey, insecure, quiet=True)[0].to_dict()
-
-
 # ---------------------------------------------------------------- coverage
 
 
@@ -388,7 +383,6 @@ def verify_files(table: Table, info: dict) -> int:
     """Every file the signed payload lists has that sha256 (compat.md, index.html, attestations…)."""
     import hashlib
 
-    from .table import attestation_path
 
     loc: Location = info["location"]
     allowed = _KNOWN_FILES | {attestation_path(r.id) for r in table.rows}
@@ -407,7 +401,6 @@ def verify_files(table: Table, info: dict) -> int:
 def verify_attestations(table: Table, info: dict, pubkey=None) -> int:
     """Each row with a digest has a signed Statement whose subject is that digest."""
     from .sign import IN_TOTO_PAYLOAD_TYPE, STATEMENT_TYPE
-    from .table import attestation_path
 
     loc: Location = info["location"]
     key = load_public_key(pubkey) if pubkey is not None else info["public_key"]  # the table's key
@@ -457,7 +450,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     if args.table and "@sha256:" in str(args.table):  # an image by digest: its attached attestations
-        from .attach import verify_cli
+        from .attest import verify_cli
 
         return verify_cli(args.table, args.pubkey)
     table, info = load_verified(args.table, args.pubkey, allow_rollback=args.allow_rollback, ca=args.ca)

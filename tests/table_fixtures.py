@@ -11,10 +11,13 @@ REGISTRY = "127.0.0.1:5000/envbuild"
 _seq = itertools.count()
 
 
-def combo(verl="0.4.1", engine="vllm", ev="0.8.4", torch="2.6.0", cuda="12.4", python="3.11") -> dict:
-    cid = f"verl{verl}-{engine}{ev}-torch{torch}-cu{cuda.replace('.', '')}-py{python}"
-    return {"id": cid, "verl": verl, "engine": engine, "engine_version": ev, "torch": torch,
-            "cuda": cuda, "python": python, "tag": cid}
+def combo(verl="0.4.1", engine="vllm", ev="0.8.4", torch="2.6.0", cuda="cu124", python="3.11",
+          platform="linux/amd64") -> dict:
+    """A combination as records hold it (values.Combo.to_dict: the variant as its tag, cu124)."""
+    from envbuild.values import Combo
+    from envbuild.vocab import variant_tag
+
+    return Combo(verl, engine, ev, torch, variant_tag(cuda) or cuda, python, platform=platform).to_dict()
 
 
 def image(c: dict, build: int = 0, pushed: bool = True) -> dict:

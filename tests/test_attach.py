@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from envbuild import attach, provenance, sbom
+from envbuild import attach, attest, provenance, sbom
 from envbuild.errors import InfraError
 from envbuild.sign import TEST_RESULT_PREDICATE, VerifyError, statement, write_keypair
 from oci_fake import FakeRegistry
@@ -115,13 +115,13 @@ def test_attach_then_verify(reg, keys, capsys):
     assert res.referrers is reg.referrers_api
     assert res.tag == digest.replace(":", "-") + ".att"
     att = json.loads(reg.manifests[reg.tags[("envbuild/verl", res.tag)]][0])
-    assert [l["mediaType"] for l in att["layers"]] == [attach.DSSE_MEDIA_TYPE] * 3
-    assert {l["annotations"]["predicateType"] for l in att["layers"]} == {k.predicate_type for k in attach.KINDS}
+    assert [l["mediaType"] for l in att["layers"]] == [attest.DSSE_MEDIA_TYPE] * 3
+    assert {l["annotations"]["predicateType"] for l in att["layers"]} == {k.predicate_type for k in attest.KINDS}
     env = json.loads(reg.blobs[att["layers"][0]["digest"]])
     assert env["payloadType"] == "application/vnd.in-toto+json" and env["signatures"][0]["sig"]
     if reg.referrers_api:  # one manifest per statement, subject = the image, artifactType per kind
         subs = [json.loads(reg.manifests[d][0]) for d in reg.subjects[digest]]
-        assert {m["artifactType"] for m in subs} == {k.artifact_type for k in attach.KINDS}
+        assert {m["artifactType"] for m in subs} == {k.artifact_type for k in attest.KINDS}
         assert all(m["subject"]["digest"] == digest for m in subs)
     else:
         assert not reg.subjects
@@ -132,9 +132,9 @@ def test_attach_then_verify(reg, keys, capsys):
     att = json.loads(reg.manifests[reg.tags[("envbuild/verl", res.tag)]][0])
     assert len(att["layers"]) == 3
     assert len(reg.subjects.get(digest, [])) == (3 if reg.referrers_api else 0)
-    rep = attach.verify_image(ref, pub)
+    rep = attest.verify_image(ref, pub)
     assert set(rep.checked) == {"test-result", "sbom", "provenance"}
-    text = "\n".join(attach.describe(rep))
+    text = "\n".join(attest.describe(rep))
     assert "gpu pass (2026-12-03T00:00:00Z)" in text
     assert "best level contract" in text and "env pass" in text
     assert "4 Python packages" not in text and "3 Python packages" in text  # torch, numpy, verl
@@ -151,28 +151,28 @@ def test_reattach_replaces_ours_and_keeps_foreign_layers(keys):
         stmts = statements_for(ref.split("@")[0], digest)
         attach.attach_all(ref, stmts, priv)
         # someone else's cosign attestation in the same tag
-        tag = attach.att_tag(digest)
+        tag = attest.att_tag(digest)
         m = json.loads(reg.manifests[reg.tags[("envbuild/verl", tag)]][0])
         foreign = b'{"payloadType":"application/vnd.in-toto+json","payload":"e30=","signatures":[{"keyid":"","sig":"AA=="}]}'
         d = "sha256:" + __import__("hashlib").sha256(foreign).hexdigest()
         reg.blobs[d] = foreign
-        m["layers"].append({"mediaType": attach.DSSE_MEDIA_TYPE, "digest": d, "size": len(foreign),
+        m["layers"].append({"mediaType": attest.DSSE_MEDIA_TYPE, "digest": d, "size": len(foreign),
                             "annotations": {"predicateType": "https://example.com/vuln"}})
         body = json.dumps(m).encode()
         md = "sha256:" + __import__("hashlib").sha256(body).hexdigest()
-        reg.manifests[md] = (body, attach.OCI_MANIFEST)
+        reg.manifests[md] = (body, attest.OCI_MANIFEST)
         reg.tags[("envbuild/verl", tag)] = md
         attach.attach_all(ref, stmts, priv)
         m2 = json.loads(reg.manifests[reg.tags[("envbuild/verl", tag)]][0])
         assert len(m2["layers"]) == 4 and m2["layers"][0]["annotations"]["predicateType"] == "https://example.com/vuln"
-        rep = attach.verify_image(ref, pub)
+        rep = attest.verify_image(ref, pub)
         assert any("another key" in i for i in rep.ignored)
     finally:
         reg.close()
 
 
 def _tag_manifest(reg, digest, name="envbuild/verl"):
-    tag = attach.att_tag(digest)
+    tag = attest.att_tag(digest)
     return tag, json.loads(reg.manifests[reg.tags[(name, tag)]][0])
 
 
@@ -181,7 +181,7 @@ def _store(reg, name, tag, m):
 
     body = json.dumps(m).encode()
     md = "sha256:" + hashlib.sha256(body).hexdigest()
-    reg.manifests[md] = (body, attach.OCI_MANIFEST)
+    reg.manifests[md] = (body, attest.OCI_MANIFEST)
     reg.tags[(name, tag)] = md
 
 
@@ -208,7 +208,7 @@ def test_tampered_statement_is_refused(keys):
         env["payload"] = base64.b64encode(json.dumps(st).encode()).decode()
         _replace_layer(reg, digest, 0, json.dumps(env).encode())
         with pytest.raises(VerifyError, match="does not match the content"):
-            attach.verify_image(ref, pub)
+            attest.verify_image(ref, pub)
     finally:
         reg.close()
 
@@ -224,7 +224,7 @@ def test_unsigned_statement_is_refused(keys):
         env["signatures"] = []
         _replace_layer(reg, digest, 1, json.dumps(env).encode())
         with pytest.raises(VerifyError, match="unsigned"):
-            attach.verify_image(ref, pub)
+            attest.verify_image(ref, pub)
     finally:
         reg.close()
 
@@ -236,28 +236,28 @@ def test_attachment_moved_to_another_digest_is_refused(reg, keys):
     attach.attach_all(ref_a, statements_for(ref_a.split("@")[0], digest_a), priv)
     # copy A's tag manifest (and, with referrers, A's referrer manifests) over to B
     _, m = _tag_manifest(reg, digest_a)
-    _store(reg, "envbuild/verl", attach.att_tag(digest_b), m)
+    _store(reg, "envbuild/verl", attest.att_tag(digest_b), m)
     for d in reg.subjects.get(digest_a, []):
         sub = json.loads(reg.manifests[d][0])
         sub["subject"]["digest"] = digest_b
         body = json.dumps(sub).encode()
         import hashlib
         nd = "sha256:" + hashlib.sha256(body).hexdigest()
-        reg.manifests[nd] = (body, attach.OCI_MANIFEST)
+        reg.manifests[nd] = (body, attest.OCI_MANIFEST)
         reg.subjects.setdefault(digest_b, []).append(nd)
     with pytest.raises(VerifyError, match="for another image"):
-        attach.verify_image(ref_b, pub)
-    attach.verify_image(ref_a, pub)  # A itself is still fine
+        attest.verify_image(ref_b, pub)
+    attest.verify_image(ref_a, pub)  # A itself is still fine
 
 
 def test_missing_and_other_key_are_refused(reg, keys):
     priv, pub, other = keys
     ref, digest = _image(reg)
     with pytest.raises(VerifyError, match="no valid test-result attestation"):
-        attach.verify_image(ref, pub)
+        attest.verify_image(ref, pub)
     attach.attach_all(ref, statements_for(ref.split("@")[0], digest), other)  # a stranger's key
     with pytest.raises(VerifyError, match="no valid sbom attestation"):
-        attach.verify_image(ref, pub)
+        attest.verify_image(ref, pub)
 
 
 def test_statement_for_another_digest_is_not_attached(keys):
@@ -279,7 +279,7 @@ def test_private_registry_uses_docker_credentials(keys, tmp_path, monkeypatch):
         ref, digest = _image(reg)
         monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.docker/config.json: anonymous
         monkeypatch.delenv("DOCKER_CONFIG", raising=False)
-        from envbuild.docker import registry_digest
+        from envbuild.push import registry_digest
 
         assert registry_digest(f"{reg.host}/envbuild/verl:t1") is None  # refused = absent: build, never skip
         with pytest.raises(InfraError):
@@ -291,7 +291,7 @@ def test_private_registry_uses_docker_credentials(keys, tmp_path, monkeypatch):
         monkeypatch.setenv("DOCKER_CONFIG", str(cfg))
         assert registry_digest(f"{reg.host}/envbuild/verl:t1") == digest
         attach.attach_all(ref, statements_for(ref.split("@")[0], digest), priv)
-        assert set(attach.verify_image(ref, pub).checked) == {"test-result", "sbom", "provenance"}
+        assert set(attest.verify_image(ref, pub).checked) == {"test-result", "sbom", "provenance"}
     finally:
         reg.close()
 
@@ -347,10 +347,10 @@ def test_pick_verify_attestations(keys, tmp_path, capsys, monkeypatch):
 def test_the_sboms_layer_order_comes_from_the_rendered_model_and_must_match_the_context(tmp_path):
     # The SBOM assigns each package to the layer that installs it last; the order is the model's
     # (saved beside the context), never read back out of the generated Dockerfile.
-    from envbuild.base import Base
+    from envbuild.values import Base
     from envbuild.errors import InputError
     from envbuild.lock import LayerLock, LockResult
-    from envbuild.matrix import Combo
+    from envbuild.values import Combo
     from envbuild.render import render_combo
 
     combo = Combo(verl="0.4.1", engine="hf", engine_version="", torch="2.6.0", cuda="cu124", python="3.11",

@@ -17,15 +17,15 @@ import tarfile
 
 import pytest
 
-from envbuild import attach
+from envbuild import attach, attest
 from envbuild.cli import main
 from envbuild.docker import detect
 from envbuild.errors import EnvbuildError
 from envbuild.record import Record, write_record
 from envbuild.registry import Registry
-from envbuild.base import Base
+from envbuild.values import Base
 from envbuild.lock import LayerLock, LockResult
-from envbuild.matrix import Combo
+from envbuild.values import Combo
 from envbuild.render import context_hash, render_combo
 from envbuild.sign import write_keypair
 
@@ -78,7 +78,7 @@ def env():
     name = repo.split("/", 1)[1]
     for tag, pinned in refs:
         digest = pinned.split("@")[1]
-        got = reg.get_manifest(name, attach.att_tag(digest))
+        got = reg.get_manifest(name, attest.att_tag(digest))
         if got:
             reg.delete_manifest(name, got[0].digest)
         reg.delete_manifest(name, digest)
@@ -131,24 +131,24 @@ def test_attach_verify_and_refusals(env, tmp_path, capsys):
     reg = Registry(HOST)
     name = repo.split("/", 1)[1]
     digest_a, digest_b = pinned_a.split("@")[1], pinned_b.split("@")[1]
-    att_desc, body = reg.get_manifest(name, attach.att_tag(digest_a))
+    att_desc, body = reg.get_manifest(name, attest.att_tag(digest_a))
     m = json.loads(body)
 
     # moved: A's attestations copied to B's tag are refused for B
-    reg.put_manifest(name, attach.att_tag(digest_b), body)
+    reg.put_manifest(name, attest.att_tag(digest_b), body)
     assert main(["verify", pinned_b, "--pubkey", str(pub)]) != 0
     assert "for another image" in capsys.readouterr().err
 
     # tampered: A's test result edited (PASSED where it was WARNED) under the same signature
-    layer = next(l for l in m["layers"] if l["annotations"]["predicateType"] == attach.TEST_RESULT_PREDICATE)
+    layer = next(l for l in m["layers"] if l["annotations"]["predicateType"] == attest.TEST_RESULT_PREDICATE)
     envl = json.loads(reg.get_blob(name, layer["digest"]))
     st = json.loads(base64.b64decode(envl["payload"]))
     assert st["predicate"]["result"] == "WARNED"  # gpu not run
     st["predicate"]["result"] = "PASSED"
     envl["payload"] = base64.b64encode(json.dumps(st).encode()).decode()
-    new = reg.put_blob(name, json.dumps(envl).encode(), attach.DSSE_MEDIA_TYPE)
+    new = reg.put_blob(name, json.dumps(envl).encode(), attest.DSSE_MEDIA_TYPE)
     layer.update(digest=new.digest, size=new.size)
-    reg.put_manifest(name, attach.att_tag(digest_a), json.dumps(m).encode())
+    reg.put_manifest(name, attest.att_tag(digest_a), json.dumps(m).encode())
     assert main(["verify", pinned_a, "--pubkey", str(pub)]) != 0
     assert "does not match the content" in capsys.readouterr().err
 

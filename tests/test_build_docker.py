@@ -12,6 +12,9 @@ import time
 import pytest
 
 from envbuild import docker as D
+from envbuild import push as P
+from envbuild import secretfiles as S
+from envbuild import values as V
 from envbuild.errors import InfraError
 
 FAKE = """#!/bin/sh
@@ -79,7 +82,7 @@ def test_build_argv_host_network_secrets_labels_tags():
 
 
 def test_secret_files_are_private_and_removed():
-    with D.secret_files({"index-url": "https://u:p@idx/simple"}) as f:
+    with S.secret_files({"index-url": "https://u:p@idx/simple"}) as f:
         p = f["index-url"]
         assert open(p).read() == "https://u:p@idx/simple"
         assert stat.S_IMODE(os.stat(p).st_mode) == 0o600
@@ -129,12 +132,12 @@ def test_run_logged_stop_event_interrupts(tmp_path):
     ("r/a@sha256:" + "a" * 64, "r/a", "@sha256:" + "a" * 64),
 ])
 def test_split_ref(ref, repo, tag):
-    assert D.split_ref(ref) == (repo, tag)
+    assert V.split_ref(ref) == (repo, tag)
 
 
 def test_registry_host():
-    assert D.registry_host("127.0.0.1:5000/envbuild/verl") == "127.0.0.1:5000"
-    assert D.registry_host("envbuild/verl") is None  # the default registry: never asked by name
+    assert V.registry_host("127.0.0.1:5000/envbuild/verl") == "127.0.0.1:5000"
+    assert V.registry_host("envbuild/verl") is None  # the default registry: never asked by name
 
 
 class _Registry(http.server.BaseHTTPRequestHandler):
@@ -157,10 +160,10 @@ def test_registry_digest_asks_the_v2_api():
     try:
         host = f"127.0.0.1:{srv.server_address[1]}"
         e = D.Engine("docker", "buildkit")
-        assert D.registry_digest(f"{host}/envbuild/verl:have") == "sha256:" + "e" * 64
+        assert P.registry_digest(f"{host}/envbuild/verl:have") == "sha256:" + "e" * 64
         assert e.registry_has(f"{host}/envbuild/verl:have")
         assert e.remote_digest(f"{host}/envbuild/verl:have") == f"{host}/envbuild/verl@sha256:" + "e" * 64
         assert not e.registry_has(f"{host}/envbuild/verl:missing")
     finally:
         srv.shutdown()
-    assert D.registry_digest("127.0.0.1:9/envbuild/verl:x", timeout=2) is None  # nothing listens: absent
+    assert P.registry_digest("127.0.0.1:9/envbuild/verl:x", timeout=2) is None  # nothing listens: absent

@@ -14,10 +14,17 @@ from types import SimpleNamespace
 import pytest
 
 from envbuild import build as B
-from envbuild.base import BaseRef
+
+from envbuild import buildlog as BL
+
+from envbuild import pipeline as PL
+
+from envbuild import progress as PR
+from envbuild.values import Base as BaseRef
 from envbuild.docker import BuildResult
 from envbuild.errors import InfraError, InputError
-from envbuild.matrix import Combo
+from envbuild.fold import fold_combo
+from envbuild.values import Combo
 from envbuild.record import iter_records, latest_by_combo
 
 BUILDKIT_FAIL_COMPILE = """#5 [2/4] RUN --mount=type=secret,id=ca-bundle uv pip install -r /locks/torch.txt
@@ -124,13 +131,13 @@ def per_level(one):
 
 def make_builder(tmp_path, engine, *, lock=None, push=False, registry=False, probe="none", probe_fn=None,
                  ca=None, stop=None, jobs=1):
-    opts = B.Options(results=tmp_path / "results", repo="127.0.0.1:5000/envbuild/verl" if registry else "envbuild/verl",
+    opts = PL.Options(results=tmp_path / "results", repo="127.0.0.1:5000/envbuild/verl" if registry else "envbuild/verl",
                      in_registry=registry, push=push, probe=probe, jobs=jobs, timeout=60, ca_bundle=ca,
                      index_url="https://user:s3cret@index.example/simple")
-    return B.Builder(opts, engine, lock_fn=lock or fake_lock(), render_fn=fake_render,
+    return PL.Builder(opts, engine, lock_fn=lock or fake_lock(), render_fn=fake_render,
                      base_fn=lambda c: BaseRef("bootstrap", "envbuild/base:bookworm-py3-abc"),
                      probe_fn=per_level(probe_fn) if probe_fn else None,
-                     progress=B.PlainProgress([], stream=open(os.devnull, "w")), stop=stop)
+                     progress=PR.PlainProgress([], stream=open(os.devnull, "w")), stop=stop)
 
 
 def test_builds_record_tags_secrets_and_base(tmp_path):
@@ -138,7 +145,7 @@ def test_builds_record_tags_secrets_and_base(tmp_path):
     ca.write_text("-----BEGIN CERTIFICATE-----\nMIIfake\n-----END CERTIFICATE-----\n")
     eng = FakeEngine()
     b = make_builder(tmp_path, eng, ca=str(ca))
-    recs, interrupted = B.run_all(b, [combo(), combo("hf", "")], jobs=2)
+    recs, interrupted = PL.run_all(b, [combo(), combo("hf", "")], jobs=2)
     assert not interrupted and len(recs) == 2
     assert {r.status for r in recs} == {"ok"}
     call = next(c for c in eng.builds if "vllm0.8.4" in c["tags"][0])
@@ -164,7 +171,7 @@ def test_one_failure_never_stops_the_others_and_is_classified(tmp_path):
     eng = FakeEngine({"vllm0.8.4": lambda call, on_line, stop: _replay(BUILDKIT_FAIL_COMPILE, on_line, ok=False)})
     b = make_builder(tmp_path, eng)
     combos = [combo(), combo("hf", ""), combo("vllm", "0.8.5.post1")]
-    recs, _ = B.run_all(b, combos, jobs=2)
+    recs, _ = PL.run_all(b, combos, jobs=2)
     by = {r.combo["id"]: r for r in recs}
     assert len(by) == 3
     bad = by[combo().id]
@@ -185,7 +192,7 @@ def test_timeout_is_an_error_naming_the_running_step(tmp_path):
     lines = ["#4 [2/3] RUN uv pip install -r torch.txt", "#4 12.0 Downloading torch (766.0MiB)"]
     eng = FakeEngine({"vllm": lambda call, on_line, stop: _replay(lines, on_line, ok=False, timed_out=True)})
     b = make_builder(tmp_path, eng)
-    (r,), _ = B.run_all(b, [combo()], 1)
+    (r,), _ = PL.run_all(b, [combo()], 1)
     assert (r.status, r.cause) == ("error", "timeout")
     assert "failing step: [2/3] RUN uv pip install -r torch.txt" in r.detail
 
@@ -210,26 +217,26 @@ def test_timeout_is_an_error_naming_the_running_step(tmp_path):
       "#9 ERROR: executor failed running [/bin/sh -c python -c 'import verl']: exit code: 1"], "build-failure", "fail"),
 ])
 def test_classify(tail, cause, status):
-    assert B.classify(tail) == (cause, status)
+    assert BL.classify(tail) == (cause, status)
 
 
 def test_classify_timeout_wins():
-    assert B.classify(["#4 [2/3] RUN x"], timed_out=True) == ("timeout", "error")
+    assert BL.classify(["#4 [2/3] RUN x"], timed_out=True) == ("timeout", "error")
 
 
 def test_existing_content_tag_is_not_rebuilt_locally_or_in_registry(tmp_path):
     eng = FakeEngine()
     b = make_builder(tmp_path, eng)
-    B.run_all(b, [combo()], 1)
+    PL.run_all(b, [combo()], 1)
     assert len(eng.builds) == 1
-    (r,), _ = B.run_all(b, [combo()], 1)  # rerun: present locally
+    (r,), _ = PL.run_all(b, [combo()], 1)  # rerun: present locally
     assert len(eng.builds) == 1 and r.status == "ok" and r.image["reused"] is True
 
     eng2 = FakeEngine()  # a fresh machine whose registry already has it
     b2 = make_builder(tmp_path / "two", eng2, registry=True, push=True)
     content = f"{b2.o.repo}:{combo().tag}-{fake_render(combo(), None, BaseRef('bootstrap', 'envbuild/base:bookworm-py3-abc'), tmp_path / 'x').content_hash[:12]}"
     eng2.remote[content] = "sha256:" + "d" * 64
-    (r2,), _ = B.run_all(b2, [combo()], 1)
+    (r2,), _ = PL.run_all(b2, [combo()], 1)
     assert eng2.builds == [] and eng2.pushed == []
     assert r2.image["digest"] == f"{b2.o.repo}@sha256:" + "d" * 64
 
@@ -237,7 +244,7 @@ def test_existing_content_tag_is_not_rebuilt_locally_or_in_registry(tmp_path):
 def test_push_records_digest(tmp_path):
     eng = FakeEngine()
     b = make_builder(tmp_path, eng, registry=True, push=True)
-    (r,), _ = B.run_all(b, [combo()], 1)
+    (r,), _ = PL.run_all(b, [combo()], 1)
     assert r.status == "ok" and r.image["digest"].startswith("127.0.0.1:5000/envbuild/verl@sha256:")
     assert set(eng.pushed) == set(r.image["tags"])
     assert "push" in r.timings
@@ -247,7 +254,7 @@ def test_push_records_digest(tmp_path):
 def test_lock_verdicts_stop_at_the_lock_stage(tmp_path, status, rec_status):
     eng = FakeEngine()
     b = make_builder(tmp_path, eng, lock=fake_lock(status))
-    (r,), _ = B.run_all(b, [combo()], 1)
+    (r,), _ = PL.run_all(b, [combo()], 1)
     assert (r.stage, r.status, r.cause) == ("lock", rec_status, status)
     assert eng.builds == []
 
@@ -258,7 +265,7 @@ def test_lock_exception_and_internal_bug_are_recorded_not_fatal(tmp_path):
             raise RuntimeError("boom")
         raise InfraError("index-unreachable", "no answer")
     b = make_builder(tmp_path, FakeEngine(), lock=lock)
-    recs, _ = B.run_all(b, [combo(), combo("hf", "")], 2)
+    recs, _ = PL.run_all(b, [combo(), combo("hf", "")], 2)
     by = {r.combo["id"]: r for r in recs}
     assert by[combo().id].cause == "index-unreachable"
     assert (by[combo("hf", "").id].status, by[combo("hf", "").id].cause) == ("error", "internal-error")
@@ -275,7 +282,7 @@ def test_probe_levels_run_in_order_and_stop_at_a_failure(tmp_path):
                                {"name": "native-extensions", "status": "fail", "detail": "undefined symbol _ZN3c10"}]}
         return {"level": level, "status": "needs-gpu" if level == "contract" else "pass", "checks": []}
     b = make_builder(tmp_path, FakeEngine(), probe="cpu", probe_fn=probe)
-    recs, _ = B.run_all(b, [combo(), combo("hf", "")], 1)
+    recs, _ = PL.run_all(b, [combo(), combo("hf", "")], 1)
     by = {r.combo["id"]: r for r in recs}
     bad, good = by[combo().id], by[combo("hf", "").id]
     assert [s[1] for s in seen if s[2] == "vllm"] == ["env", "contract"]
@@ -294,7 +301,7 @@ def test_probe_timeout_is_a_failure_of_the_stack_in_build_as_in_every_probe_path
     # One rule (vocab.VERDICT_TO_RECORD, README): a hang is a verdict, so an earlier "works" cannot stand.
     b = make_builder(tmp_path, FakeEngine(), probe="gpu",
                      probe_fn=lambda image, **kw: {"status": "timeout" if kw["level"] == "gpu" else "pass"})
-    (r,), _ = B.run_all(b, [combo()], 1)
+    (r,), _ = PL.run_all(b, [combo()], 1)
     assert (r.stage, r.status, r.cause) == ("probe", "fail", "timeout") and set(r.probe) == {"env", "contract", "gpu"}
 
 
@@ -306,7 +313,7 @@ def test_ctrl_c_keeps_earlier_records_and_rerun_resumes(tmp_path):
     eng = FakeEngine({"hf": hang})
     b = make_builder(tmp_path, eng)
     combos = [combo(), combo("hf", ""), combo("vllm", "0.8.5.post1")]
-    recs, interrupted = B.run_all(b, combos, 1)
+    recs, interrupted = PL.run_all(b, combos, 1)
     assert interrupted
     assert [r.combo["id"] for r in recs] == [combo().id]
     on_disk = [r.combo["id"] for r in iter_records(tmp_path / "results")]
@@ -315,7 +322,7 @@ def test_ctrl_c_keeps_earlier_records_and_rerun_resumes(tmp_path):
 
     eng.script.clear()
     b2 = make_builder(tmp_path, eng)  # rerun: first is reused, the others build
-    recs2, interrupted2 = B.run_all(b2, combos, 1)
+    recs2, interrupted2 = PL.run_all(b2, combos, 1)
     assert not interrupted2 and all(r.status == "ok" for r in recs2)
     assert [r.image["reused"] for r in sorted(recs2, key=lambda r: combos.index(
         next(c for c in combos if c.id == r.combo["id"])))] == [True, False, False]
@@ -336,22 +343,26 @@ def test_a_verdict_is_reused_by_image_content_and_a_changed_probe_probes_again(t
         return b
 
     eng = FakeEngine()
-    (r1,), _ = B.run_all(builder(), [combo()], 1)
+    (r1,), _ = PL.run_all(builder(), [combo()], 1)
     assert calls == ["env", "contract"] and r1.status == "ok"
-    (r2,), _ = B.run_all(builder(), [combo()], 1)  # same image content, same probe: nothing runs
+    (r2,), _ = PL.run_all(builder(), [combo()], 1)  # same image content, same probe: nothing runs
     assert calls == ["env", "contract"]
-    assert r2.status == "ok" and {v["reused_from"] for v in r2.probe.values()} == {r1.run_id}
+    assert r2.status == "ok" and {v.reused_from for v in r2.probe.values()} == {r1.run_id}
     monkeypatch.setattr(probe_run, "probe_code_hash", lambda: "a changed probe")
-    (r3,), _ = B.run_all(builder(), [combo()], 1)
-    assert calls == ["env", "contract"] * 2 and "reused_from" not in r3.probe["env"]
+    (r3,), _ = PL.run_all(builder(), [combo()], 1)
+    assert calls == ["env", "contract"] * 2 and r3.probe["env"].reused_from is None
 
 
 def test_a_record_states_the_base_it_was_built_on_and_the_glibc_the_probe_read(tmp_path):
+    """What the build observed stays in its own fields (base, the probe's versions); the combination
+    is what was planned, never rewritten with observations."""
     probe = lambda image, **kw: {"status": "pass", "checks": [], "versions": {"glibc": "glibc-2.36"}}  # noqa: E731
-    (r,), _ = B.run_all(make_builder(tmp_path, FakeEngine(), probe="cpu", probe_fn=probe), [combo()], 1)
-    assert r.base["kind"] == "bootstrap"
-    assert r.combo["base_image"] == "envbuild/base:bookworm-py3-abc" and r.combo["glibc"] == "2.36"
-    assert "nvidia/cuda" not in json.dumps(r.to_dict())
+    (r,), _ = PL.run_all(make_builder(tmp_path, FakeEngine(), probe="cpu", probe_fn=probe), [combo()], 1)
+    assert r.base == {"kind": "bootstrap", "ref": "envbuild/base:bookworm-py3-abc"}
+    assert r.probe["env"].versions["glibc"] == "glibc-2.36"
+    assert r.combo == combo().to_dict()  # the plan, as planned
+    row = fold_combo([r])
+    assert row.base["ref"] == "envbuild/base:bookworm-py3-abc" and row.versions["glibc"] == "glibc-2.36"
 
 
 def test_concurrency_runs_builds_at_once(tmp_path):
@@ -368,7 +379,7 @@ def test_concurrency_runs_builds_at_once(tmp_path):
         return BuildResult(True, 0, 0.3, tail=[])
     eng = FakeEngine({"verl": slow})
     b = make_builder(tmp_path, eng)
-    recs, _ = B.run_all(b, [combo(), combo("hf", ""), combo("vllm", "0.8.5.post1")], jobs=3)
+    recs, _ = PL.run_all(b, [combo(), combo("hf", ""), combo("vllm", "0.8.5.post1")], jobs=3)
     assert len(recs) == 3 and peak[0] == 3
 
 
@@ -414,7 +425,7 @@ def test_the_build_gets_the_pytorch_index_the_lock_used(tmp_path, monkeypatch):
     monkeypatch.setenv("ENVBUILD_PYTORCH_INDEX", "https://env.example/whl/")
     o = B.options_from_args(p.parse_args([]), "envbuild/verl", "https://mirror.example/whl")
     assert o.torch_index_root == "https://env.example/whl"
-    b = B.Builder(o, FakeEngine(), lock_fn=None, render_fn=None, base_fn=None)
+    b = PL.Builder(o, FakeEngine(), lock_fn=None, render_fn=None, base_fn=None)
     lr = SimpleNamespace(torch_index="https://env.example/whl/cu126", combo=SimpleNamespace(cuda="cu126"))
     assert b._secret_values(lr)["torch-index-url"] == "https://env.example/whl/cu126"
     assert "torch-index-url" not in b._secret_values(SimpleNamespace(torch_index="default", combo=lr.combo))
@@ -436,7 +447,7 @@ def test_ca_bundle_default_follows_pip_then_ssl_env(tmp_path, monkeypatch):
 
 def test_step_tracker_follows_buildkit_plain_output():
     steps = []
-    t = B.StepTracker(steps.append)
+    t = BL.StepTracker(steps.append)
     for ln in BUILDKIT_FAIL_COMPILE:
         t(ln + "\n")
     assert steps[-1].startswith("[3/4] RUN") and len(steps) == 2
@@ -445,7 +456,7 @@ def test_step_tracker_follows_buildkit_plain_output():
 
 def test_summary_prints_where_images_and_results_are(tmp_path, capsys):
     b = make_builder(tmp_path, FakeEngine())
-    recs, _ = B.run_all(b, [combo()], 1)
+    recs, _ = PL.run_all(b, [combo()], 1)
     assert B.summarize(recs, b.o, False, 1) == 0
     out = capsys.readouterr().out
     assert "images: envbuild/verl" in out and str(tmp_path / "results" / "records") in out
@@ -459,9 +470,9 @@ def test_rich_progress_renders_states_and_steps(tmp_path):
     combos = [combo(), combo("hf", "")]
     eng = FakeEngine({"vllm": lambda call, on_line, stop: _replay(BUILDKIT_FAIL_COMPILE, on_line, ok=False)})
     b = make_builder(tmp_path, eng)
-    with B.RichProgress(combos, stream=stream) as prog:
+    with PR.RichProgress(combos, stream=stream) as prog:
         b.progress = prog
-        recs, _ = B.run_all(b, combos, 2)
+        recs, _ = PL.run_all(b, combos, 2)
     out = stream.getvalue()
     assert combo().id in out and combo("hf", "").id in out
     assert prog.rows[combo().id][0] == "fail" and prog.rows[combo("hf", "").id][0] == "ok"

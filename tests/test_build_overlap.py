@@ -14,10 +14,16 @@ import pytest
 from test_build_orchestration import FakeEngine, combo, fake_lock, make_builder
 
 from envbuild import build as B
-from envbuild.base import BaseRef
+
+from envbuild import buildlog as BL
+
+from envbuild import pipeline as PL
+
+from envbuild import progress as PR
+from envbuild.values import Base as BaseRef
 from envbuild.errors import InfraError, InputError
 from envbuild.record import iter_records
-from envbuild.table import fold_combo
+from envbuild.fold import fold_combo
 
 WAIT = 5.0  # seconds one fake waits for the other; a sequential pipeline runs into it
 BASE = BaseRef("bootstrap", "envbuild/base:bookworm-py3-abc")
@@ -45,9 +51,9 @@ def test_the_base_resolves_while_the_lock_runs(tmp_path):
         return BASE
 
     b = make_builder(tmp_path, FakeEngine(), lock=lock)
-    b.base_fn = B.BaseFutures(base, key=lambda c: "bootstrap")
+    b.base_fn = PL.BaseFutures(base, key=lambda c: "bootstrap")
     t = time.monotonic()
-    (r,), _ = B.run_all(b, [combo()], 1)
+    (r,), _ = PL.run_all(b, [combo()], 1)
     assert saw == {"lock saw the base started": True, "base saw the lock started": True}
     assert time.monotonic() - t < WAIT
     assert (r.stage, r.status) == ("build", "ok") and r.base == BASE.to_dict()
@@ -67,8 +73,8 @@ def test_a_plain_base_function_is_resolved_in_the_background_too(tmp_path):
         return BASE
 
     b = make_builder(tmp_path, FakeEngine(), lock=lock)
-    b = B.Builder(b.o, b.engine, lock_fn=lock, render_fn=b.render_fn, base_fn=base, progress=b.progress)
-    (r,), _ = B.run_all(b, [combo()], 1)
+    b = PL.Builder(b.o, b.engine, lock_fn=lock, render_fn=b.render_fn, base_fn=base, progress=b.progress)
+    (r,), _ = PL.run_all(b, [combo()], 1)
     assert r.status == "ok" and lock_started.is_set()
 
 
@@ -81,8 +87,8 @@ def test_one_base_resolution_is_shared_by_every_combination_and_thread(tmp_path)
         return BASE
 
     b = make_builder(tmp_path, FakeEngine(), jobs=3)
-    b.base_fn = B.BaseFutures(base, key=lambda c: "bootstrap")
-    recs, _ = B.run_all(b, [combo(), combo("hf", ""), combo("vllm", "0.8.5.post1")], jobs=3)
+    b.base_fn = PL.BaseFutures(base, key=lambda c: "bootstrap")
+    recs, _ = PL.run_all(b, [combo(), combo("hf", ""), combo("vllm", "0.8.5.post1")], jobs=3)
     assert len(calls) == 1 and len(recs) == 3 and {r.status for r in recs} == {"ok"}
 
 
@@ -98,9 +104,9 @@ def test_a_base_error_reaches_every_combination_that_needed_it(tmp_path, error, 
         raise error
 
     b = make_builder(tmp_path, FakeEngine(), jobs=2)
-    b.base_fn = B.BaseFutures(base, key=lambda c: "bootstrap")
+    b.base_fn = PL.BaseFutures(base, key=lambda c: "bootstrap")
     combos = [combo(), combo("hf", ""), combo("vllm", "0.8.5.post1")]
-    recs, _ = B.run_all(b, combos, jobs=2)
+    recs, _ = PL.run_all(b, combos, jobs=2)
     assert len(calls) == 1  # resolved once, its error shared
     assert sorted(r.combo["id"] for r in recs) == sorted(c.id for c in combos)
     for r in recs:
@@ -136,9 +142,9 @@ def test_ctrl_c_while_a_combination_waits_for_its_base(tmp_path):
         raise InfraError("debootstrap-failed", "killed by SIGINT")
 
     b = make_builder(tmp_path, FakeEngine(), stop=stop)
-    b.base_fn = B.BaseFutures(base, key=lambda c: "bootstrap")
+    b.base_fn = PL.BaseFutures(base, key=lambda c: "bootstrap")
     t = time.monotonic()
-    recs, interrupted = B.run_all(b, [combo(), combo("hf", "")], 1)
+    recs, interrupted = PL.run_all(b, [combo(), combo("hf", "")], 1)
     assert interrupted and recs == [] and list(iter_records(tmp_path / "results")) == []
     assert time.monotonic() - t < WAIT and b.base_fn.wait(WAIT)
 
@@ -184,7 +190,7 @@ def test_push_and_probe_run_at_once(tmp_path):
     eng, probe, saw = overlapping()
     b = make_builder(tmp_path, eng, registry=True, push=True, probe="cpu", probe_fn=probe)
     t = time.monotonic()
-    (r,), _ = B.run_all(b, [combo()], 1)
+    (r,), _ = PL.run_all(b, [combo()], 1)
     assert eng.saw_probe is True and saw and all(saw), "push and probe did not run at the same time"
     assert time.monotonic() - t < WAIT
     assert (r.stage, r.status, r.cause) == ("probe", "ok", None)
@@ -196,14 +202,14 @@ def test_push_and_probe_run_at_once(tmp_path):
 def test_a_failed_push_keeps_the_probe_verdict_and_claims_no_digest(tmp_path):
     eng, probe, saw = overlapping(fail_push=InfraError("daemon-error", "docker push: connection refused"))
     b = make_builder(tmp_path, eng, registry=True, push=True, probe="cpu", probe_fn=probe)
-    (r,), _ = B.run_all(b, [combo()], 1)
+    (r,), _ = PL.run_all(b, [combo()], 1)
     assert eng.saw_probe and all(saw)
     # as before the overlap: a push error is an infrastructure error at the push stage...
     assert (r.stage, r.status, r.cause) == ("push", "error", "daemon-error")
     assert "connection refused" in r.detail and "probe: env pass, contract pass" in r.detail
     assert r.image["digest"] is None and r.image["id"]
     # ...and the verdict it ran beside is kept: the table sees a tested image it cannot pin
-    assert {lv: v["status"] for lv, v in r.probe.items()} == {"env": "pass", "contract": "pass"}
+    assert {lv: v.status for lv, v in r.probe.items()} == {"env": "pass", "contract": "pass"}
     assert "push" in r.timings and "probe" in r.timings
     row = fold_combo([r])
     assert row.level("env").status == "pass" and row.status == "unpinned" and row.image.digest is None
@@ -213,7 +219,7 @@ def test_a_failed_push_keeps_the_probe_verdict_and_claims_no_digest(tmp_path):
 def test_a_failing_verdict_outranks_a_failed_push(tmp_path):
     eng, probe, _ = overlapping(status="fail", fail_push=InfraError("daemon-error", "registry gone"))
     b = make_builder(tmp_path, eng, registry=True, push=True, probe="cpu", probe_fn=probe)
-    (r,), _ = B.run_all(b, [combo()], 1)
+    (r,), _ = PL.run_all(b, [combo()], 1)
     assert (r.stage, r.status, r.cause) == ("probe", "fail", "abi-mismatch")
     assert "undefined symbol" in r.detail and "push failed as well (daemon-error): " in r.detail
     assert r.image["digest"] is None and set(r.probe) == {"env"}
@@ -223,7 +229,7 @@ def test_a_failing_verdict_outranks_a_failed_push(tmp_path):
 def test_a_probe_that_cannot_run_is_an_error_and_the_push_still_counts(tmp_path):
     eng, probe, _ = overlapping(probe_raises=InfraError("no-docker", "docker run: not found"))
     b = make_builder(tmp_path, eng, registry=True, push=True, probe="cpu", probe_fn=probe)
-    (r,), _ = B.run_all(b, [combo()], 1)
+    (r,), _ = PL.run_all(b, [combo()], 1)
     assert (r.stage, r.status, r.cause) == ("probe", "error", "no-docker")
     assert r.image["digest"].startswith("127.0.0.1:5000/envbuild/verl@sha256:")
 
@@ -231,7 +237,7 @@ def test_a_probe_that_cannot_run_is_an_error_and_the_push_still_counts(tmp_path)
 def test_a_bug_in_the_push_path_is_recorded_beside_the_verdict(tmp_path):
     eng, probe, _ = overlapping(fail_push=KeyError("digest"))
     b = make_builder(tmp_path, eng, registry=True, push=True, probe="cpu", probe_fn=probe)
-    (r,), _ = B.run_all(b, [combo()], 1)
+    (r,), _ = PL.run_all(b, [combo()], 1)
     assert (r.stage, r.status, r.cause) == ("push", "error", "internal-error") and "KeyError" in r.detail
     assert r.image["digest"] is None and set(r.probe) == {"env", "contract"}
 
@@ -239,7 +245,7 @@ def test_a_bug_in_the_push_path_is_recorded_beside_the_verdict(tmp_path):
 def test_a_bug_in_the_probe_path_waits_for_the_push_then_is_recorded(tmp_path):
     eng, probe, _ = overlapping(probe_raises=ZeroDivisionError("bug"))
     b = make_builder(tmp_path, eng, registry=True, push=True, probe="cpu", probe_fn=probe)
-    (r,), _ = B.run_all(b, [combo()], 1)
+    (r,), _ = PL.run_all(b, [combo()], 1)
     assert (r.status, r.cause) == ("error", "internal-error") and "ZeroDivisionError" in r.detail
     assert len(eng.pushed) == 2  # both tags: the push was finished before the bug was raised
 
@@ -252,7 +258,7 @@ def test_ctrl_c_during_push_and_probe_records_no_verdict(tmp_path):
         assert stop.wait(WAIT), "the orchestration must set stop"
         return {"level": level, "status": "error", "cause": "interrupted", "checks": []}
     b = make_builder(tmp_path, FakeEngine(), registry=True, push=True, probe="cpu", probe_fn=probe, stop=stop)
-    recs, interrupted = B.run_all(b, [combo()], 1)
+    recs, interrupted = PL.run_all(b, [combo()], 1)
     assert interrupted and recs == [] and list(iter_records(tmp_path / "results")) == []
 
 
@@ -270,4 +276,4 @@ def test_ctrl_c_during_push_and_probe_records_no_verdict(tmp_path):
     (("ok", "r@sha256:1"), ("error", "no-docker", "x"), ("probe", "error", "no-docker")),
 ])
 def test_push_probe_outcome_rule(push, probe, want):
-    assert B.push_probe_outcome(push, probe)[:3] == want
+    assert PL.push_probe_outcome(push, probe)[:3] == want

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from envbuild.image import sanitize_tag
+from envbuild.values import sanitize_tag
 from envbuild.ci import ACTIONLINT_FILE, WORKFLOW_FILE, combo_selectors
 from envbuild.matrix import Selectors, load_matrix, plan
 from envbuild.paths import default_matrix

@@ -14,7 +14,9 @@ pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 pytest.importorskip("pyarrow.compute")  # imported before the fork: nobody cannot read root's site-packages
 
-from envbuild.doctor import FAIL, PASS, SKIP, WARN, check_data, check_parquet, check_writable  # noqa: E402
+from envbuild.doctor import FAIL, PASS, SKIP, WARN, check_data  # noqa: E402
+from envbuild.doctor.data import check_parquet  # noqa: E402
+from envbuild.doctor.output import check_writable  # noqa: E402
 from envbuild.verl_config import build_config  # noqa: E402
 
 

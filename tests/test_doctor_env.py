@@ -7,6 +7,7 @@ import pytest
 from table_fixtures import combo, image, passed, rec, verdict, write_all
 
 from envbuild import doctor
+import envbuild.doctor.env  # noqa: F401 - patched below
 from envbuild.doctor import FAIL, PASS, WARN, Options, check_table, installed_versions, run_probe
 from envbuild.sign import write_keypair
 from envbuild.table import publish
@@ -36,7 +37,7 @@ def test_verified_combination_passes(table):
     assert r.status == PASS, r.reason
     assert "verified in the signed table at ['env', 'contract']" in r.reason
     assert r.details["installed"] == {"verl": "0.6.1", "engine": "vllm", "engine_version": "0.10.2",
-                                      "torch": "2.8.0", "cuda": "cu128", "python": "3.11"}
+                                      "torch": "2.8.0", "cuda": "cu128", "python": "3.11", "platform": "linux/amd64"}
 
 
 def test_insecure_table_match_is_only_a_warning(table):
@@ -70,7 +71,7 @@ def test_missing_verify_module_degrades_to_a_warning(table, monkeypatch):
 
 
 def test_probe_not_available_is_a_clear_warning(monkeypatch):
-    monkeypatch.setattr(doctor, "probe_available", lambda: False)
+    monkeypatch.setattr(doctor.env, "probe_available", lambda: False)
     r = run_probe("vllm", Options())
     assert r.status == WARN and r.reason.startswith("probe not available")
     assert run_probe("trtllm", Options()).reason.startswith("rollout.name=trtllm")

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from envbuild.doctor import FAIL, PASS, SKIP, Options, _query_ray, check_ray, check_rollout_ports, rollout_ports
+from envbuild.doctor import FAIL, PASS, SKIP, Options, check_ray
+from envbuild.doctor.cluster import _query_ray, check_rollout_ports, rollout_ports
 from envbuild.verl_config import build_config
 
 

@@ -229,7 +229,7 @@ def _delete_repo(repo: str) -> None:
         tags = json.load(opener.open(f"http://{host}/v2/{name}/tags/list", timeout=10)).get("tags") or []
     except OSError:
         return
-    from envbuild.docker import MANIFEST_TYPES
+    from envbuild.push import MANIFEST_TYPES
 
     for t in tags:
         req = urllib.request.Request(f"http://{host}/v2/{name}/manifests/{t}", method="HEAD",

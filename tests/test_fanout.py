@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 
 from envbuild.fanout import Attempt, Outcome, write_outcome
-from envbuild.probe_run import ProbeJob, expect_of, jobs_from_results, record_status
+from envbuild.outcome import record_status
+from envbuild.probe_run import ProbeJob, expect_of, jobs_from_results
 from envbuild.matrix import load_matrix, plan, Selectors
 from envbuild.paths import default_matrix
 from envbuild.record import Record, iter_records, write_record
-from envbuild.table import fold
+from envbuild.fold import fold
 
 DOCKER = "/usr/bin/docker"
 FAST, SLOW = "envbuild-test/fanout:fast", "envbuild-test/fanout:slow"
@@ -36,7 +37,7 @@ def _combos():
 def test_record_status_and_error_is_never_a_verdict(tmp_path):
     vllm, hf = _combos()
     job = ProbeJob(vllm.to_dict(), {"ref": FAST, "id": "sha256:" + "1" * 64}, {"kind": "bootstrap", "ref": "b"}, "ab" * 32)
-    assert expect_of(job.combo) == {"cuda": "12.4", "torch": "2.6.0", "engine_version": "0.8.4", "verl": "0.4.1",
+    assert expect_of(job.combo) == {"cuda": "cu124", "torch": "2.6.0", "engine_version": "0.8.4", "verl": "0.4.1",
                                      "platform": "linux/amd64"}
     fail = {"status": "fail", "cause": "module-missing", "checks": [{"name": "import-torch", "status": "fail",
                                                                       "detail": "No module named 'torch'"}]}

@@ -12,7 +12,8 @@ import pytest
 from envbuild import index as indexmod
 from envbuild.index import Metadata, TorchSource
 from envbuild.lock import Locker, exact_pins, explain, parse_lock, split_layers
-from envbuild.matrix import Combo, load_matrix
+from envbuild.matrix import load_matrix
+from envbuild.values import Combo
 from envbuild.paths import default_matrix
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -20,9 +20,9 @@ import pytest
 
 from envbuild.docker import detect
 from envbuild.errors import EnvbuildError, InfraError, InputError
-from envbuild.image import image_refs
+from envbuild.values import image_refs
 from envbuild.manifest import entry_platform, group_for_indexes, push_index
-from envbuild.matrix import Combo
+from envbuild.values import Combo
 from envbuild.record import Record
 from envbuild.registry import DOCKER_LIST, DOCKER_MANIFEST, OCI_INDEX, OCI_MANIFEST, Registry, sha256_digest
 
@@ -310,6 +310,9 @@ def test_build_writes_one_index_per_tag_with_several_pushed_platforms(tmp_path, 
     and tonight's arm64 one) -> one push_index per plain tag with two or more platforms; a tag with
     one platform keeps that image's own manifest; a registry refusal is said, not fatal."""
     from envbuild import build as B
+    from envbuild import buildlog as BL
+    from envbuild import pipeline as PL
+    from envbuild import progress as PR
     from envbuild import manifest as M
     from envbuild.record import write_record
 
@@ -324,7 +327,7 @@ def test_build_writes_one_index_per_tag_with_several_pushed_platforms(tmp_path, 
     calls = []
     monkeypatch.setattr(M, "push_index", lambda ref, children: calls.append((ref, children)) or "sha256:" + "f" * 64)
     said = []
-    opts = B.Options(results=tmp_path, repo=repo, in_registry=True)
+    opts = PL.Options(results=tmp_path, repo=repo, in_registry=True)
     assert B.write_indexes(opts, say=said.append) == {f"{repo}:{amd.tag}": "sha256:" + "f" * 64}
     assert calls == [(f"{repo}:{amd.tag}", {"linux/amd64": "sha256:" + "0" * 64, "linux/arm64": "sha256:" + "1" * 64})]
     assert arm.id == amd.tag + "-arm64" and image_refs(repo, arm.id, "abc")[1] == f"{repo}:{arm.id}"

@@ -10,7 +10,9 @@ from hypothesis import strategies as st
 
 from envbuild.errors import EnvbuildError, InputError
 from envbuild.index import Metadata
-from envbuild.matrix import Combo, Selectors, load_matrix, plan, selectors_from_args
+from envbuild.matrix import load_matrix, plan
+from envbuild.selector import Selectors, selectors_from_args
+from envbuild.values import Combo
 from envbuild.paths import default_matrix
 
 OFFLINE = Metadata(online=False)
@@ -342,7 +344,7 @@ def test_yamlsafe_bounds_are_parameters(tmp_path):
                                  "https://h.example/$HOME", "ftp://h.example/whl", "h.example/whl", "https:///whl",
                                  "https://u:p'w@h.example/", "https://[::1/whl"])
 def test_pytorch_index_must_be_a_plain_url(monkeypatch, url, capsys):
-    from envbuild.index import PYTORCH_INDEX_ENV, pytorch_index_root, pytorch_index_url
+    from envbuild.index import PYTORCH_INDEX_ENV, pytorch_index_root, torch_index_url
 
     monkeypatch.setenv(PYTORCH_INDEX_ENV, url)
     with pytest.raises(InputError) as ei:
@@ -350,7 +352,7 @@ def test_pytorch_index_must_be_a_plain_url(monkeypatch, url, capsys):
     assert PYTORCH_INDEX_ENV in str(ei.value) and "\n" not in str(ei.value)
     assert "p'w" not in str(ei.value)  # a credential is never printed
     with pytest.raises(InputError):
-        pytorch_index_url(url, "cu126")
+        torch_index_url(url, "cu126")
 
 
 def test_index_urls_read_from_the_environment_are_checked(monkeypatch):

@@ -5,7 +5,8 @@ import json
 import re
 
 from envbuild import drivers
-from envbuild.page import render_html
+from envbuild.row import Table
+from envbuild.views import render_html
 
 PUB = {"keyid": "ab" * 32, "keytype": "ed25519", "scheme": "ed25519", "keyval": {"public": "cd" * 32}}
 
@@ -15,18 +16,19 @@ def _data(html: str) -> dict:
 
 
 def test_old_and_new_tables_render():
+    """A schema-1 table (no serial, expiry or files) and a schema-2 one render from the same typed
+    rows; counts come from the rows."""
     old = {"schema": 1, "generated": "2026-11-01T00:00:00Z", "keyid": PUB["keyid"],
            "rows": [{"id": "r1", "combo": {"verl": "0.4.1", "engine": "vllm", "engine_version": "0.8.4",
-                                          "torch": "2.6.0", "cuda": "12.4", "python": "3.11"},
+                                          "torch": "2.6.0", "cuda": "cu124", "python": "3.11"},
                      "status": "verified", "best_level": "contract", "image": {"pinned": "r@sha256:" + "0" * 64}},
-                    {"id": "r2", "status": "broken"}, {"no": "id"}]}
-    d = _data(render_html(old, PUB))
-    assert [r["id"] for r in d["rows"]] == ["r1", "r2"]  # a row without an id is not drawn
-    assert d["counts"]["verified"] == 1 and d["counts"]["broken"] == 1  # computed when the table has none
+                    {"id": "r2", "status": "broken"}]}
+    d = _data(render_html(Table.from_dict(old), PUB))
+    assert [r["id"] for r in d["rows"]] == ["r1", "r2"]
+    assert d["counts"]["verified"] == 1 and d["counts"]["broken"] == 1
     assert d["serial"] is None and d["rows"][1]["combo"] == {} and d["rows"][1]["history"] == []
-    new = dict(old, schema=2, serial=7, expires="2026-12-01T00:00:00Z", files={"index.html": "0" * 64},
-               counts={"verified": 1, "broken": 1, "untested": 0, "unpinned": 0})
-    d = _data(render_html(new, PUB))
+    new = dict(old, schema=2, serial=7, expires="2026-12-01T00:00:00Z", files={"index.html": "0" * 64})
+    d = _data(render_html(Table.from_dict(new), PUB))
     assert (d["serial"], d["expires"]) == (7, "2026-12-01T00:00:00Z")
     assert d["key"] == {"keyid": PUB["keyid"], "public": "cd" * 32}
     assert d["payloadType"] == "application/vnd.envbuild.compat-table+json"
@@ -37,5 +39,5 @@ def test_min_driver_table_is_nvidias():
     for cuda, drv in {"cu124": "550.54.14", "12.6": "560.28.03", "12.8.1": "570.26", "cu130": "580.65.06"}.items():
         assert drivers.min_driver(cuda) == drv
     assert drivers.min_driver("cu999") is None and drivers.min_driver("cpu") is None
-    d = _data(render_html({"rows": []}, PUB))
+    d = _data(render_html(Table(rows=[]), PUB))
     assert d["drivers"]["min"] == drivers.MIN_DRIVER_LINUX and "{floor}" in d["drivers"]["note"]

@@ -5,16 +5,33 @@ import json
 import pytest
 from table_fixtures import combo, image, passed, rec, verdict, write_all
 
-from envbuild.pick import explain_empty, matches, pick
+from envbuild.pick import explain_empty as _explain
+from envbuild.pick import pick
+from envbuild.query import answer, ask
+from envbuild.query import matches as _matches
+from envbuild.selector import from_flags
 from envbuild.selector import version_matches
-from envbuild.vocab import parse_cuda
+from envbuild.vocab import variant_tag
 from envbuild.row import Row
 from envbuild.sign import write_keypair
-from envbuild.table import build_table, fold, publish
+from envbuild.fold import fold
+from envbuild.table import build_table, publish
 
 
 def table_of(records):
     return build_table(fold(records))
+
+
+def explain_empty(t, sel, rejected, level, sm=None):
+    """pick's explanation, asked through the one query (envbuild.query)."""
+    a = ask(sel, level, sm)
+    ans = answer(t, a)
+    assert [r.id for r in ans.rejected] == [r.id for r in rejected]
+    return _explain(t, a, ans)
+
+
+def matches(row, sel):
+    return _matches(row, from_flags(**sel))
 
 
 V84_041 = combo(verl="0.4.1", ev="0.8.4")
@@ -124,7 +141,7 @@ def test_gpu_coverage_read_by_the_probe_decides_and_unknown_is_not_yes():
 
 
 def test_selectors():
-    assert parse_cuda("cu124") == parse_cuda("12.4") == parse_cuda("12.4.1") == "cu124"
+    assert variant_tag("cu124") == variant_tag("12.4") == variant_tag("12.4.1") == "cu124"
     assert version_matches("0.8", "0.8.4") and version_matches("0.8.4", "0.8.4")
     assert not version_matches("0.8.4", "0.8.40") and not version_matches("0.8", "0.80.1")
     row = Row.from_dict({"id": "x", "combo": combo(engine="sglang", ev="0.4.6", cuda="12.6", torch="2.7.0")})

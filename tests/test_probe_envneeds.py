@@ -114,8 +114,10 @@ def test_gpu_need_anywhere_in_the_chain_wins():
 
 def test_own_engine_module_naming_another_engine_is_judged(tmp_path, monkeypatch):
     name = _mod(tmp_path, monkeypatch, "own_engine_mod", "import vllm_custom_ops_missing\n")
-    monkeypatch.setattr("envbuild.probe.classify.ENGINE_MODULES",
-                        {"vllm": {"vllm", "vllm_custom_ops_missing"}, "sglang": {"sglang"}, "hf": set()})
+    from envbuild.probe import vocab
+    real = vocab.engine_of_module
+    monkeypatch.setattr("envbuild.probe.classify.engine_of_module",
+                        lambda top: "vllm" if top == "vllm_custom_ops_missing" else real(top))
     v = Verdict(level="contract", engine="sglang")
     _import_check(v, name, "sglang", on_gpu=False, own=False)
     assert v.checks[-1].status == "not-applicable"

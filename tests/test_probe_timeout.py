@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.probe_run import docker_exe, probe_here, probe_image, probe_image_levels
+from envbuild.docker import default_client as docker_exe
+from envbuild.probe_run import probe_here, probe_image, probe_image_levels
 
 HANG = "import os, time\nopen({pidfile!r}, 'w').write(str(os.getpid()))\ntime.sleep(3600)\n"
 

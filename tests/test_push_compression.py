@@ -16,6 +16,9 @@ from types import SimpleNamespace
 import pytest
 
 from envbuild import docker as D
+from envbuild import push as P
+from envbuild import secretfiles as S
+from envbuild import values as V
 from envbuild.errors import InfraError
 
 REGISTRY = "127.0.0.1:5000"
@@ -23,15 +26,15 @@ REGISTRY = "127.0.0.1:5000"
 
 def test_gzip_is_docker_and_zstd_needs_a_copier(monkeypatch):
     eng = SimpleNamespace(client="/usr/bin/docker", mode="buildkit")
-    assert D.pusher_for(eng, "gzip") == "docker"
-    monkeypatch.setattr(D.shutil, "which", lambda name: None)
+    assert P.pusher_for(eng, "gzip") == "docker"
+    monkeypatch.setattr(P.shutil, "which", lambda name: None)
     with pytest.raises(InfraError) as e:
-        D.pusher_for(eng, "zstd")
+        P.pusher_for(eng, "zstd")
     assert e.value.cause == "no-zstd-pusher" and "skopeo" in str(e.value) and "gzip only" in str(e.value)
-    monkeypatch.setattr(D.shutil, "which", lambda name: "/usr/bin/skopeo" if name == "skopeo" else None)
-    assert D.pusher_for(eng, "zstd") == "skopeo"
+    monkeypatch.setattr(P.shutil, "which", lambda name: "/usr/bin/skopeo" if name == "skopeo" else None)
+    assert P.pusher_for(eng, "zstd") == "skopeo"
     with pytest.raises(InfraError):
-        D.pusher_for(eng, "brotli")
+        P.pusher_for(eng, "brotli")
 
 
 def test_skopeo_push_arguments_and_digest(tmp_path, monkeypatch):
@@ -45,21 +48,21 @@ def test_skopeo_push_arguments_and_digest(tmp_path, monkeypatch):
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     ref = f"{REGISTRY}/envbuild-test/zstd:t1"
-    assert D.skopeo_push(ref, "zstd") == f"{REGISTRY}/envbuild-test/zstd@sha256:{7:064d}"
+    assert P.skopeo_push(ref, "zstd") == f"{REGISTRY}/envbuild-test/zstd@sha256:{7:064d}"
     argv = log.read_text().split("\n")
     assert argv[argv.index("--dest-compress-format") + 1] == "zstd"
     assert argv[argv.index("--format") + 1] == "oci"
     assert "--dest-tls-verify=false" in argv
     assert argv[-3:-1] == [f"docker-daemon:{ref}", f"docker://{ref}"]
-    D.skopeo_push("registry.example.org/a/b:t", "zstd")
+    P.skopeo_push("registry.example.org/a/b:t", "zstd")
     assert "--dest-tls-verify=false" not in log.read_text()
 
 
 def _manifest(ref: str) -> dict:
-    repo, tag = D.split_ref(ref)
-    host = D.registry_host(repo)
+    repo, tag = V.split_ref(ref)
+    host = V.registry_host(repo)
     req = urllib.request.Request(f"http://{host}/v2/{repo[len(host) + 1:]}/manifests/{tag}",
-                                 headers={"Accept": D.MANIFEST_TYPES})
+                                 headers={"Accept": P.MANIFEST_TYPES})
     with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=30) as r:
         return json.load(r)
 
@@ -87,7 +90,7 @@ def test_push_zstd_and_gzip_to_the_local_registry():
             eng.tag(local, ref)
             digest = eng.push(ref, compression=comp)
             assert eng.last_push_tool == ("skopeo" if comp == "zstd" else "docker")
-            assert digest.split("@")[1] == D.registry_digest(ref)
+            assert digest.split("@")[1] == P.registry_digest(ref)
             types = {l["mediaType"] for l in _manifest(ref)["layers"]}
             want = "application/vnd.oci.image.layer.v1.tar+zstd" if comp == "zstd" else \
                 "application/vnd.docker.image.rootfs.diff.tar.gzip"

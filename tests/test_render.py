@@ -15,9 +15,10 @@ from envbuild.bake import split_layers
 from envbuild.errors import EnvbuildError
 from envbuild.layers import ImageModel, model_for
 from envbuild.lock import LayerLock, LockResult
-from envbuild.matrix import Combo
+from envbuild.values import Combo
 from envbuild.paths import templates_dir
-from envbuild.render import Base, render_combo, render_dockerfile, render_stages
+from envbuild.render import render_combo, render_dockerfile, render_stages
+from envbuild.values import Base
 
 GOLDEN = Path(__file__).parent / "golden"
 # The CUDA wheels torch 2.5.1 and 2.6.0 pin on cu124 (the same set); 2.6.0 adds cusparselt.
@@ -264,9 +265,10 @@ def test_one_base_type_and_resolver():
 
     from envbuild import base as B
     from envbuild import render as R
+    from envbuild import values as V
     from envbuild.errors import InputError
 
-    assert R.Base is B.Base and B.BaseRef is B.Base
+    assert R.Base is V.Base and B.Base is V.Base  # the one type, in the values module
     dig = "sha256:" + "b" * 64
     eng = SimpleNamespace(repo_digests=lambda ref: [f"other/repo@sha256:{'c' * 64}", f"nvidia/cuda@{dig}"])
     got = B.resolve_base(eng, "nvidia", VLLM)

@@ -8,11 +8,11 @@ import sys
 import tempfile
 import time
 
-from envbuild.docker import SECRETS_PREFIX, secret_files
+from envbuild.secretfiles import SECRETS_PREFIX, secret_files
 
 HOLD = """
 import sys, time
-from envbuild.docker import secret_files
+from envbuild.secretfiles import secret_files
 with secret_files({"index-url": "https://user:s3cret@index.example/simple"}) as f:
     print(f["index-url"], flush=True)
     time.sleep(600)

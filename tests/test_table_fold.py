@@ -2,8 +2,10 @@
 
 from table_fixtures import combo, image, passed, rec, verdict
 
-from envbuild.table import build_table, fold, image_statement, render_markdown
-from envbuild.table import fold_combo as fold_row
+from envbuild.fold import fold
+from envbuild.table import build_table, image_statement
+from envbuild.views import render_markdown
+from envbuild.fold import fold_combo as fold_row
 
 
 def fold_combo(records) -> dict:

@@ -10,7 +10,7 @@ from table_fixtures import combo, image, passed, rec, verdict, write_all
 from envbuild.errors import InputError, TrustError
 from envbuild.sign import VerifyError, load_public_key, write_keypair
 from envbuild.table import publish
-from envbuild.verify import load_table, load_verified, verify_attestations
+from envbuild.verify import load_verified, verify_attestations
 
 
 TODAY = int(time.time()) // 86400 * 86400  # fixed within a run (reproducible), never expired
@@ -54,8 +54,8 @@ def test_publish_writes_all_views_and_verify_accepts(published, run_cli):
     p = run_cli("verify", out / "compat.json", "--pubkey", published["pub"], "--attestations")
     assert p.returncode == 0, p.stderr
     assert "OK" in p.stdout and "2 image attestations" in p.stdout and "5 listed files match" in p.stdout
-    assert load_table(out, published["pub"]) == t
-    assert load_table(out.as_uri(), published["pub"]) == t
+    assert load_verified(out, published["pub"])[0].to_dict() == t
+    assert load_verified(out.as_uri(), published["pub"])[0].to_dict() == t
 
 
 def test_publish_is_reproducible_with_source_date_epoch(published):
@@ -76,7 +76,7 @@ def test_one_byte_change_is_rejected(published, run_cli, target):
     assert p.returncode == 2, (p.stdout, p.stderr)
     assert "Traceback" not in p.stderr and p.stderr.strip().count("\n") == 0
     with pytest.raises(VerifyError):
-        load_table(published["out"], published["pub"])
+        load_verified(published["out"], published["pub"])
 
 
 def test_many_single_byte_edits_of_the_table_are_all_rejected(published):
@@ -87,9 +87,9 @@ def test_many_single_byte_edits_of_the_table_are_all_rejected(published):
         data[i] = (data[i] + 1) % 256
         path.write_bytes(bytes(data))
         with pytest.raises(VerifyError):
-            load_table(published["out"], published["pub"])
+            load_verified(published["out"], published["pub"])
     path.write_bytes(orig)
-    load_table(published["out"], published["pub"])
+    load_verified(published["out"], published["pub"])
 
 
 def test_unsigned_and_wrong_key_are_rejected(published, run_cli, tmp_path):
@@ -110,8 +110,8 @@ def test_swapped_pubkey_next_to_table_is_refused_once_a_key_is_pinned(published,
     other_priv, other_pub, _ = write_keypair(tmp_path / "other")
     publish(published["res"], other_priv, published["out"])
     with pytest.raises(TrustError, match="key next to the table changed"):
-        load_table(published["out"])
-    load_table(published["out"], other_pub)  # a key passed explicitly is the user's decision
+        load_verified(published["out"])
+    load_verified(published["out"], other_pub)  # a key passed explicitly is the user's decision
 
 
 def test_tampered_attestation_is_rejected(published):

@@ -19,7 +19,7 @@ from table_fixtures import combo, image, passed, rec, write_all
 from envbuild.errors import InfraError, TrustError
 from envbuild.sign import write_keypair
 from envbuild.table import publish
-from envbuild.verify import load_table, load_verified
+from envbuild.verify import load_verified
 
 A = combo()
 
@@ -150,7 +150,7 @@ def test_plain_http_is_refused_unless_insecure(remote, run_cli):
         load_verified(url, remote["pub"])
     p = run_cli("pick", "--vllm", "0.8.4", "--table", url, "--pubkey", remote["pub"])
     assert p.returncode == 2 and "plain http" in p.stderr and p.stderr.count("\n") == 1
-    assert load_table(url, insecure=True)["rows"][0]["id"] == A["id"]
+    assert load_verified(url, insecure=True)[0].rows[0].id == A["id"]
 
 
 def test_redirect_to_http_is_refused_and_to_https_followed(remote):

@@ -9,6 +9,7 @@ import pytest
 from table_fixtures import combo, image, passed, rec, verdict, write_all
 
 import envbuild.table as table_mod
+from envbuild.row import parse_utc
 from envbuild.errors import InputError, TrustError
 from envbuild.fsutil import safe_name
 from envbuild.sign import write_keypair
@@ -89,7 +90,7 @@ def test_publish_expires_days_option(tmp_path, run_cli):
     p = run_cli("publish", "--results", res, "--key", priv, "--out", tmp_path / "t", "--expires-days", "7")
     assert p.returncode == 0, p.stderr
     t = json.loads((tmp_path / "t" / "compat.json").read_text())
-    assert table_mod.parse_utc(t["expires"]) - table_mod.parse_utc(t["generated"]) == 7 * 86400
+    assert parse_utc(t["expires"]) - parse_utc(t["generated"]) == 7 * 86400
     p = run_cli("publish", "--results", res, "--key", priv, "--out", tmp_path / "t", "--expires-days", "0")
     assert p.returncode == 2 and one_line(p)
 
@@ -245,10 +246,10 @@ def test_parse_utc_agrees_with_calendar_and_refuses_garbage():
     for _ in range(2000):
         t = rnd.randint(0, 4102444800)
         s = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
-        assert table_mod.parse_utc(s) == calendar.timegm(time.gmtime(t)) == t
+        assert parse_utc(s) == calendar.timegm(time.gmtime(t)) == t
     for bad in ("2026-13-01T00:00:00Z", "2026-01-01T00:00:00Z\n", "2026-01-01", "", None):
         with pytest.raises(ValueError):
-            table_mod.parse_utc(bad)
+            parse_utc(bad)
 
 
 def test_concurrent_publishes_into_one_folder_leave_a_verifiable_table(site):
@@ -274,7 +275,7 @@ def test_concurrent_publishes_into_one_folder_leave_a_verifiable_table(site):
 def test_a_schema_1_table_still_reads_but_not_after_a_newer_serial(site, capsys):
     """Old compat.json (no serial, expires or files) reads; replayed after a serial was seen, it is a rollback."""
     from envbuild.sign import load_signer, sign_envelope
-    from envbuild.table import TABLE_PAYLOAD_TYPE
+    from envbuild.row import TABLE_PAYLOAD_TYPE
     d = json.loads((site["out"] / "compat.json").read_text())
     for k in ("serial", "expires", "files"):
         del d[k]

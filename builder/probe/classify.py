@@ -9,21 +9,19 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .verdict import FAIL, NEEDS_GPU, NEEDS_HOME, NEEDS_NETWORK, NOT_APPLICABLE
-
-ENGINES = ("vllm", "sglang", "hf")
-# Top-level modules of engines the probe knows; a module of *another* engine is not applicable.
-ENGINE_MODULES = {
-    "vllm": {"vllm", "vllm_flash_attn"},
-    "sglang": {"sglang", "sgl_kernel", "sglang_kernel"},
-    "hf": set(),
-}
+from .vocab import ENGINE, FAIL, NEEDS_GPU, NEEDS_HOME, NEEDS_NETWORK, NOT_APPLICABLE, engine_of_module
 # Optional backends verl supports but a combination need not include: their absence is not a failure.
 OPTIONAL_BACKENDS = {
     "megatron", "mbridge", "transformer_engine", "apex", "torch_npu", "mindspeed", "vllm_ascend",
     "tensorrt_llm", "trtllm", "lmdeploy", "deepspeed", "liger_kernel", "flash_attn_interface",
     "trl", "peft", "mcore", "nemo", "torchtitan",
 }
+
+
+def _other_engine(top: str, engine: str | None) -> bool:
+    """A module of an engine the probe knows, other than this combination's."""
+    owner = engine_of_module(top)
+    return owner is not None and owner != engine and top not in ENGINE.get(engine or "", ENGINE["hf"]).modules
 
 
 @dataclass
@@ -89,8 +87,7 @@ def classify_message(text: str, engine: str | None = None) -> Classified:
     if m:
         mod = m.group(1)
         top = mod.split(".")[0]
-        other = set().union(*(v for k, v in ENGINE_MODULES.items() if k != engine)) - ENGINE_MODULES.get(engine or "", set())
-        if top in other:
+        if _other_engine(top, engine):
             return Classified(NOT_APPLICABLE, "other-engine", f"needs {mod} (engine not in this combination)")
         if top in OPTIONAL_BACKENDS:
             return Classified(NOT_APPLICABLE, "optional-backend", f"needs {mod} (optional backend not installed)")
@@ -99,8 +96,7 @@ def classify_message(text: str, engine: str | None = None) -> Classified:
     m = re.search(r"No package metadata was found for ([\w.\-]+)", t)
     if m:
         pkg = m.group(1)
-        other = set().union(*(v for k, v in ENGINE_MODULES.items() if k != engine)) - ENGINE_MODULES.get(engine or "", set())
-        if pkg.replace("-", "_").lower() in other:
+        if _other_engine(pkg.replace("-", "_").lower(), engine):
             return Classified(NOT_APPLICABLE, "other-engine", f"needs the {pkg} package (engine not in this combination)")
         return Classified(FAIL, "package-missing", f"package {pkg} is not installed")
     m = re.search(r"cannot import name '([\w.]+)' from '([\w.]+)'", t)

@@ -10,15 +10,13 @@ import time
 import traceback
 
 from .verdict import ERROR, FAIL, Verdict, write_json
-from .vocab import LEVELS
-
-EXIT = {"pass": 0, "fail": 1, "error": 2, "needs-gpu": 3}
+from .vocab import ENGINES, EXIT_INFRA, EXIT_OF_STATUS, LEVELS
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="envbuild-probe", description=__doc__.splitlines()[0])
     p.add_argument("--level", choices=LEVELS, default="contract", help="a level includes the levels below it")
-    p.add_argument("--engine", choices=("vllm", "sglang", "hf"), required=True)
+    p.add_argument("--engine", choices=ENGINES, required=True)
     p.add_argument("--expect-cuda", help="CUDA of the combination, e.g. 12.4 (or 'cpu')")
     p.add_argument("--expect-torch")
     p.add_argument("--expect-engine-version")
@@ -115,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.n < 2:
         print("envbuild-probe: -n must be >= 2 (GRPO needs a group)", file=sys.stderr)
-        return 2
+        return 2  # bad input, as on the host
     v = run(args)
     d = v.to_dict()
     d["timings"]["process"] = round(time.time() - _process_start(), 4)
@@ -126,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(d, sys.stdout, indent=2, sort_keys=True, default=str)
             print()
         _summary(d)
-    return EXIT.get(d["status"], 2)
+    return EXIT_OF_STATUS.get(d["status"], EXIT_INFRA)  # the host's table: an error is infrastructure
 
 
 def _process_start() -> float:

@@ -13,11 +13,12 @@ import sys
 import time
 from dataclasses import asdict
 
-from .classify import ENGINE_MODULES, classify_exception
+from .classify import classify_exception
 from .envguard import guard
 from .ownership import applies, owner, verl_extras
 from .staticimports import ModuleIndex, check_module
 from .verdict import FAIL, NEEDS_GPU, NEEDS_HOME, NEEDS_NETWORK, NOT_APPLICABLE, PASS, Verdict
+from .vocab import ENGINE, ENGINE_SPECS
 
 # verl folders whose modules touch the rollout engine (discovered by name, not listed by hand).
 ENGINE_FACING = ("rollout", "sharding_manager")
@@ -254,11 +255,13 @@ def static_report(engine: str, paths: list[str] | None = None) -> dict:
         return index.find(top) is not None
 
     extras = verl_extras()
-    engine_version = _dist_version(engine) if engine in ("vllm", "sglang") else None
+    spec = ENGINE[engine]
+    engine_version = _dist_version(spec.dist) if spec.versioned else None
     facing = set(discover_verl_modules(loc.dirs[0]) or [])
-    targets = sorted(ENGINE_MODULES.get(engine, set()) | {"torch"} | ({"transformers"} if engine == "hf" else set()))
+    # The engine's own modules (transformers is hf's engine), and torch, are what verl's are read against.
+    targets = sorted(set(spec.modules) | {"torch"} | ({spec.dist} if not spec.versioned else set()))
     owners, static = {}, {}
-    needles = [t.encode() for t in ENGINE_MODULES.get(engine, set())] + [b"vllm", b"sglang"]
+    needles = sorted({t.encode() for e in ENGINE_SPECS for t in e.modules | e.tokens})
     for mod in _all_modules(loc.dirs[0]):
         if mod not in facing and not _mentions(index, mod, needles):
             continue  # neither engine-facing nor touching an engine: no syntax tree needed

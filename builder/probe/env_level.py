@@ -12,11 +12,8 @@ import time
 
 from .classify import classify_exception
 from .fatbin import image_coverage
-from .vocab import parse_cuda, parse_platform
+from .vocab import ACCELERATORS, ENGINE, ENGINE_SPECS, Variant, parse_platform, parse_variant, variant_of
 from .verdict import FAIL, NOT_APPLICABLE, PASS, SKIPPED, Verdict
-
-# Distribution whose version is "the engine's version" for each engine.
-ENGINE_DIST = {"vllm": "vllm", "sglang": "sglang", "hf": "transformers"}
 
 
 def dist_version(name: str) -> str | None:
@@ -43,12 +40,19 @@ def same_version(seen: str | None, want: str) -> bool:
         return base_version(seen) == base_version(want)
 
 
-def cuda_matches(seen: str | None, want: str) -> bool:
-    """Compare as variants (vocab.parse_cuda: 12.4 == cu124 == 12.4.1); 'cpu' expects a CPU build
-    (torch.version.cuda is None)."""
-    if want.lower() in ("cpu", "none", ""):
-        return seen is None
-    return seen is not None and parse_cuda(seen) is not None and parse_cuda(seen) == parse_cuda(want)
+def torch_variant(torch) -> Variant:
+    """The accelerator variant this torch was built for, asked the way each kind's descriptor says
+    (torch.version.cuda, torch.version.hip); cpu when it reports none."""
+    for kind in ACCELERATORS.values():
+        seen = getattr(torch.version, kind.torch_attr, None) if kind.torch_attr else None
+        if seen:
+            return variant_of(kind.name, seen)
+    return Variant("cpu")
+
+
+def variant_matches(seen: Variant, want: str) -> bool:
+    """Compare as variants (vocab.parse_variant: 12.4 == cu124 == 12.4.1; cpu expects a CPU build)."""
+    return parse_variant(want or "cpu") == seen
 
 
 # NCCL keeps its buffers in /dev/shm; Docker's 64 MB default makes recent NCCL fail at the first
@@ -108,14 +112,16 @@ def run_env(v: Verdict, expect: dict, engine: str) -> None:
         v.add("torch-version", PASS if ok else FAIL, f"torch {torch.__version__}, expected {want_torch}",
               None if ok else "version-mismatch")
 
+    seen = torch_variant(torch)
+    v.versions["torch_variant"] = seen.tag
     want_cuda = expect.get("cuda")
     if want_cuda:
-        ok = cuda_matches(torch.version.cuda, want_cuda)
+        ok = variant_matches(seen, want_cuda)
         v.add("torch-cuda", PASS if ok else FAIL,
-              f"torch.version.cuda={torch.version.cuda}, expected {want_cuda}"
+              f"torch is a {seen.label} build, expected {want_cuda}"
               + ("" if ok else ": the wrong torch variant got installed"), None if ok else "cuda-mismatch")
     else:
-        v.add("torch-cuda", SKIPPED, f"torch.version.cuda={torch.version.cuda}; no --expect-cuda given")
+        v.add("torch-cuda", SKIPPED, f"torch is a {seen.label} build; no --expect-cuda given")
 
     _check_cudnn(v, torch)
     _check_nccl(v, torch)
@@ -129,7 +135,7 @@ def run_env(v: Verdict, expect: dict, engine: str) -> None:
     _check_pip(v, pip_check)
 
     want_engine = expect.get("engine_version")
-    dist = ENGINE_DIST[engine]
+    dist = ENGINE[engine].dist
     seen = dist_version(dist)
     v.versions[dist] = seen
     if seen is None:
@@ -141,8 +147,8 @@ def run_env(v: Verdict, expect: dict, engine: str) -> None:
     else:
         v.add("engine-version", PASS, f"{dist} {seen}")
 
-    for extra in ("transformers", "flash-attn", "flashinfer-python", "sgl-kernel", "sglang-kernel",
-                  "xformers", "ray", "tensordict", "numpy"):
+    kernels = sorted({k for e in ENGINE_SPECS for k in e.kernels})
+    for extra in ("transformers", "flash-attn", *kernels, "xformers", "ray", "tensordict", "numpy"):
         if extra not in v.versions:
             v.versions[extra] = dist_version(extra)
     want_verl = expect.get("verl")

@@ -11,11 +11,13 @@ import importlib.metadata as md
 import re
 from dataclasses import dataclass
 
-from .classify import ENGINE_MODULES, OPTIONAL_BACKENDS
+from .classify import OPTIONAL_BACKENDS
 from .staticimports import ModuleIndex, module_imports
+from .vocab import ENGINE_SPECS, engine_of_module
 
 # Path tokens of engines and optional backends (module names split at "." and "_").
-ENGINE_TOKENS = {"vllm": "vllm", "sglang": "sglang"}
+ENGINE_TOKENS = {tok: e.name for e in ENGINE_SPECS for tok in e.tokens}
+_ONLY_FOR = re.compile(r"(" + "|".join(sorted(ENGINE_TOKENS)) + r")_v_?(\d+(?:_\d+)*)")
 BACKEND_TOKENS = {"megatron": "megatron", "mcore": "megatron", "trtllm": "tensorrt_llm", "ascend": "torch_npu",
                   "npu": "torch_npu", "mindspeed": "mindspeed"}
 
@@ -65,14 +67,14 @@ def owner(dotted: str, index: ModuleIndex, installed, extras: dict[str, str]) ->
         why.append("module path")
     only_for = {}
     for part in dotted.split("."):  # verl/third_party/vllm/vllm_v_0_5_4: chosen at run time by version
-        m = re.fullmatch(r"(vllm|sglang)_v_?(\d+(?:_\d+)*)", part)
+        m = _ONLY_FOR.fullmatch(part)
         if m:
-            only_for[m.group(1)] = m.group(2).replace("_", ".")
+            only_for[ENGINE_TOKENS[m.group(1)]] = m.group(2).replace("_", ".")
     for ref in module_imports(index, dotted):
         if ref.function or ref.conditional:
             continue  # only what runs at import decides what the module needs
         top = ref.module.split(".")[0]
-        eng = next((e for e, mods in ENGINE_MODULES.items() if top in mods), None)
+        eng = engine_of_module(top)
         if eng:
             if eng not in engines:
                 engines.add(eng)

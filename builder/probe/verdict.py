@@ -12,14 +12,9 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
-# Check statuses. "needs-gpu" and "not-applicable" are not failures: a CPU host cannot run the
-# first, and the second belongs to an engine or backend the combination does not include.
-PASS, FAIL, NEEDS_GPU, NOT_APPLICABLE, SKIPPED, ERROR = (
-    "pass", "fail", "needs-gpu", "not-applicable", "skipped", "error")
-# Environment needs: caveats, not verdicts. The stack works where the need is met (a host that can
-# reach the network, a writable home); the verdict's status ignores them and `caveats` lists them.
-NEEDS_NETWORK, NEEDS_HOME = "needs-network", "needs-writable-home"
-CAVEATS = (NEEDS_NETWORK, NEEDS_HOME)
+from .vocab import (  # noqa: F401 - the statuses' home is the vocabulary; re-exported for the probe's modules
+    CAVEATS, ERROR, FAIL, NEEDS_GPU, NEEDS_HOME, NEEDS_NETWORK, NOT_APPLICABLE, PASS, SKIPPED,
+)
 
 SCHEMA = 1
 

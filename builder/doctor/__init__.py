@@ -1,0 +1,102 @@
+"""`envbuild doctor`: catch verl's silent pitfalls before a training run starts.
+
+Input is what the user gives verl's trainer: Hydra overrides after `--` and/or a YAML file. They are
+merged over verl's own composed trainer config the way verl merges them (envbuild.verl_config) and
+every check reads the merged, resolved config. Each check says pass / warn / fail / skip, one line
+why, and the fix. Exit 1 when any fails; 2 when the config itself cannot be read (as verl would stop).
+
+Groups: config (unknown keys), grpo (grouped sampling, KL, advantage normalisation, batch size against
+GPU memory), fsdp (offload settings), data (parquet files), output (atomic writes, free space),
+ray (cluster and GPUs, rollout ports), env (the probe's env+contract levels, the signed table).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+from typing import Callable
+
+from ..errors import InputError
+from ..verl_config import VerlConfig, build_config
+from ..vocab import PLATFORMS, parse_platform
+from .cluster import check_ray
+from .common import FAIL, GROUPS, PASS, SKIP, WARN, Options, Result  # noqa: F401 - the package's face
+from .config import check_config
+from .data import check_data
+from .env import check_env, check_host, installed_versions, run_probe  # noqa: F401
+from .fsdp import check_fsdp
+from .grpo import check_grpo
+from .output import check_output
+from .tablecheck import check_table  # noqa: F401
+
+# --------------------------------------------------------------------------- run
+
+CHECKS: dict[str, Callable[[VerlConfig, Options], list[Result]]] = {
+    "config": check_config, "grpo": check_grpo, "fsdp": check_fsdp, "data": check_data,
+    "output": check_output, "ray": check_ray, "env": check_env,
+}
+
+
+def diagnose(cfg: VerlConfig, opt: Options, skip: set[str] = frozenset()) -> list[Result]:
+    out: list[Result] = []
+    for group, fn in CHECKS.items():
+        if group not in skip:
+            out.extend(fn(cfg, opt))
+    return out
+
+
+def add_arguments(p) -> None:
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="verl trainer overrides, after `--` (key=value, +key=value, ~key)")
+    p.add_argument("--config", help="a verl YAML config; overrides apply on top of it")
+    p.add_argument("--verl", metavar="VERSION",
+                   help="judge against this verl release's trainer config (default: the installed verl, "
+                        "else the newest recorded release)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
+    p.add_argument("--skip", action="append", default=[], choices=GROUPS, help="skip a group of checks (repeatable)")
+    p.add_argument("--table", help="signed compatibility table (dir, compat.json, .dsse or URL)")
+    p.add_argument("--pubkey", help="public key to verify the table with")
+    p.add_argument("--platform", help="the platform whose row the table check reads (default: this machine's)")
+    p.add_argument("--insecure", action="store_true",
+                   help="skip the table's signature check (a match is then a warning, never a pass)")
+    p.add_argument("--probe-timeout", type=float, default=600.0, help="seconds for the probe (default 600)")
+    p.add_argument("--ray-timeout", type=float, default=90.0, help="seconds for the Ray query (default 90)")
+
+
+def run(args) -> int:
+    cfg = build_config(args.config, args.overrides, verl=args.verl)
+    platform = None
+    if args.platform:
+        platform = parse_platform(args.platform)
+        if platform is None:
+            raise InputError("command line", None, "--platform", args.platform, f"not a platform ({', '.join(PLATFORMS)})")
+    opt = Options(table=args.table, pubkey=args.pubkey, insecure=args.insecure,
+                  probe_timeout=args.probe_timeout, ray_timeout=args.ray_timeout, platform=platform)
+    results = diagnose(cfg, opt, set(args.skip))
+    failed = any(r.status == FAIL for r in results)
+    if args.json:
+        given = {k: cfg.get(k) for k in cfg.explicit if k not in cfg.deleted}  # what the user set, resolved
+        json.dump({"ok": not failed, "counts": _counts(results), "checks": [asdict(r) for r in results],
+                   "config": given}, sys.stdout, indent=2, default=str)
+        print()
+    else:
+        print_report(results)
+    return 1 if failed else 0
+
+
+def _counts(results: list[Result]) -> dict:
+    return {s: sum(1 for r in results if r.status == s) for s in (FAIL, WARN, PASS, SKIP)}
+
+
+def print_report(results: list[Result], file=None) -> None:
+    file = file or sys.stdout
+    for r in results:
+        print(f"{r.status.upper():<4}  {r.name}: {r.reason}", file=file)
+        if r.fix and r.status in (FAIL, WARN):
+            print(f"      fix: {r.fix}", file=file)
+        if r.group == "data" and "sample" in r.details:
+            for k, v in r.details["sample"].items():
+                print(f"      sample {k}: {v[:160]}", file=file)
+    c = _counts(results)
+    print(f"envbuild doctor: {c[FAIL]} fail, {c[WARN]} warn, {c[PASS]} pass, {c[SKIP]} skip", file=file)

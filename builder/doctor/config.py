@@ -1,0 +1,77 @@
+"""doctor, config group: keys verl does not know, values of the wrong type."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from ..verl_config import VerlConfig
+from .common import (FAIL, PASS, WARN, Options, Result)
+
+# Keys whose verl type is a union (FSDP2's reshard_after_forward: True, False or an int).
+MIXED_TYPES = {"reshard_after_forward"}
+
+
+def check_config(cfg: VerlConfig, opt: Options) -> list[Result]:
+    return [_unknown_keys(cfg), _value_types(cfg)]
+
+
+def _value_types(cfg: VerlConfig) -> Result:
+    """Booleans and numbers given as something else. A quoted "False" in a YAML file is a non-empty
+    string, which verl's `if config.use_kl_loss:` reads as True: silent, and the opposite of intended.
+    An interpolation (`${oc.env:GPU_UTIL,0.5}`) resolves to a string; verl's typed configs convert it,
+    so a string that reads as the expected type is fine there."""
+    bad = []
+    for key in cfg.explicit:
+        default, v = cfg.default(key), cfg.get(key)
+        if (key in cfg.deleted or v is None or default is None or isinstance(default, (str, dict, list))
+                or key.rpartition(".")[2] in MIXED_TYPES):
+            continue
+        interpolated = isinstance(cfg.values.get(key), str) and "${" in cfg.values[key]
+        if isinstance(default, bool):
+            ok, want = isinstance(v, bool) or (interpolated and str(v).lower() in ("true", "false")), "true/false"
+        else:  # int and float defaults take either (entropy_coeff: 0 -> 0.001)
+            ok, want = (isinstance(v, (int, float)) and not isinstance(v, bool)) or (
+                interpolated and _is_number(v)), "a number"
+        if not ok:
+            bad.append(f"{key}={v!r} (expects {want})")
+    if bad:
+        return Result("config", "config.types", WARN, f"{len(bad)} value(s) of the wrong type: " + "; ".join(bad),
+                      "write booleans and numbers unquoted (use_kl_loss=True, not 'True')", {"values": bad})
+    return Result("config", "config.types", PASS, "booleans and numbers have the types verl expects")
+
+
+def _is_number(v: Any) -> bool:
+    try:
+        float(str(v))
+    except ValueError:
+        return False
+    return True
+
+
+def _unknown_keys(cfg: VerlConfig) -> Result:
+    """An override of a key verl's config lacks is refused by verl (Hydra's struct mode): FAIL. A key
+    only in the config file is added by Hydra and never read by verl: a likely typo, WARN."""
+    from_overrides = [u for u in cfg.unknown if u.source == "override"]
+    parts = [f"{u.key}" + (f" (did you mean {u.suggestion}?)" if u.suggestion else "") for u in cfg.unknown]
+    details = {"unknown": [asdict(u) for u in cfg.unknown], "refused": cfg.refused, "base": cfg.origin}
+    if from_overrides or cfg.refused:
+        why = []
+        if from_overrides:
+            why.append(f"{len(from_overrides)} override(s) of keys not in the trainer config of {cfg.origin}, "
+                       "which verl refuses (\"Could not override ... Key ... is not in struct\"): "
+                       + "; ".join(p for u, p in zip(cfg.unknown, parts) if u.source == "override"))
+        why += cfg.refused
+        others = [p for u, p in zip(cfg.unknown, parts) if u.source != "override"]
+        if others:
+            why.append(f"not read by verl (config file): {'; '.join(others)}")
+        return Result("config", "config.keys", FAIL, "; ".join(why),
+                      "fix the spelling; write +key=value only to add a key verl's config does not have "
+                      "(engine kwargs, override_config); pass --verl VERSION to judge another release", details)
+    if cfg.unknown:
+        return Result("config", "config.keys", WARN,
+                      f"{len(cfg.unknown)} key(s) in the config file are not in the trainer config of {cfg.origin} "
+                      "(Hydra adds them; verl never reads them): " + "; ".join(parts),
+                      "fix the spelling, or drop the key", details)
+    return Result("config", "config.keys", PASS,
+                  f"{len(cfg.explicit)} keys set, all in the trainer config of {cfg.origin}", details=details)

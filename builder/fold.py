@@ -1,0 +1,267 @@
+"""Fold result records into the rows of the compatibility table (the stage between record and
+table: `envbuild publish` signs what this returns).
+
+What counts as verified, strictly (a table that says "works" for a broken stack is the worst
+bug this project can have):
+  - verdicts are per image: a level's verdict counts only for the image it was measured on;
+  - a level's state is its newest *decisive* verdict (vocab.DECISIVE: pass, fail, timeout).
+    "error" is the infrastructure failing and "needs-gpu" means the level could not be decided
+    here: both are kept in history but never replace an earlier verdict, and never make a row
+    broken;
+  - a row is "verified" only if its image has a registry digest, its env level passed, and no
+    level of that image failed; `best_level` is the highest level such that it and every lower
+    level passed.
+The row's image is the one with the newest decisive probe verdict (so a rebuild whose probe
+errored leaves the earlier, probed image in place, and a rebuild that failed replaces it).
+"""
+
+from __future__ import annotations
+
+from . import drivers
+from .fsutil import safe_name
+from .outcome import Check, Verdict
+from .row import Combo, Entry, Failure, HistoryEntry, Image, Row, parse_pinned
+from .vocab import ERROR, FAIL, LEVELS, NEEDS_GPU, PASS, TIMEOUT, is_decisive, is_failing, levels_upto
+
+_DETAIL_MAX = 600
+
+
+def _short(text: object, n: int = _DETAIL_MAX) -> str:
+    s = str(text or "").strip()
+    return s if len(s) <= n else "…" + s[-(n - 1):]  # the tail of a log says the most
+
+
+# Which probe level a check belongs to, by its name (envbuild.probe: a verdict at level L holds
+# the checks of every level up to L). A check may also carry its own "level".
+_ENV_CHECKS = {"python", "import-torch", "torch-version", "torch-cuda", "cxx11-abi", "engine-version",
+               "verl-version", "cudnn", "nccl", "pip-check"}
+
+
+def _check_level(c: Check) -> str | None:
+    if c.level in LEVELS:
+        return c.level
+    name = c.name
+    if name.startswith("gpu:"):
+        return "gpu"
+    if name.startswith(("import:", "api:", "native")) or name == "verl-modules":
+        return "contract"
+    if name in _ENV_CHECKS:
+        return "env"
+    return None  # unknown (e.g. "probe" = the probe itself broke): counts against every level
+
+
+def _worst(statuses) -> str:
+    """The probe's precedence: error > fail > timeout > needs-gpu > pass."""
+    for s in ("error", "fail", "timeout", "needs-gpu"):
+        if s in statuses:
+            return s
+    return "pass"
+
+
+def expand_verdict(key: str, v: Verdict) -> dict[str, Verdict]:
+    """{level: Verdict} for one probe verdict, which covers every level up to its own.
+
+    A passing verdict at level L passes every level up to L. A non-passing one is split by its
+    checks: a lower level passes only if its own checks pass and no unattributable check failed;
+    a level without any checks gets the overall status (no evidence is not a pass).
+    """
+    level = key if key in LEVELS else v.level
+    if level not in LEVELS:
+        return {}
+    upto = levels_upto(level)
+    if v.status == PASS or not v.checks or v.status not in (FAIL, NEEDS_GPU, ERROR, TIMEOUT):
+        return {lv: v for lv in upto}
+    loose = [c for c in v.checks if _check_level(c) is None and c.problem]
+    out = {}
+    for lv in upto:
+        mine = [c for c in v.checks if _check_level(c) == lv]
+        bad = [c for c in mine + loose if c.problem]
+        if not mine and not loose:
+            out[lv] = v if lv == level else Verdict(lv, v.status, v.cause)
+        elif bad:
+            out[lv] = Verdict(lv, _worst([c.status for c in bad]), checks=bad)
+        else:
+            out[lv] = Verdict(lv, PASS, checks=mine)
+    if v.status == TIMEOUT:
+        out[level] = v  # killed at its time limit: the top level did not finish, whatever ran before
+    return out
+
+
+def _image_key(image: dict | None, id_to_digest: dict | None = None) -> str | None:
+    """Identity of an image across records: registry digest, else local id, else content hash.
+
+    A run that probed an already pushed image without pushing again records only its local id:
+    `id_to_digest` (from the records that have both) maps it back to the same image.
+    """
+    if not image:
+        return None
+    pinned = parse_pinned(image.get("digest"))
+    if pinned:
+        return "sha256:" + pinned[1]
+    if id_to_digest and image.get("id") in id_to_digest:
+        return id_to_digest[image["id"]]
+    return image.get("id") or image.get("content_hash") or None
+
+
+def _level_entry(rec, level: str, v: Verdict) -> Entry:
+    # Verdict.of made an unreadable verdict "error": it proves nothing either way.
+    failed = v.status != PASS
+    detail = str(v.extra.get("detail") or "") or v.first_detail()
+    e = Entry(v.status, v.first_cause() if failed else None, _short(detail) if failed else "", rec.run_id, rec.created)
+    if level == "gpu":
+        g = (v.gpu or None) or rec.machine.get("gpu")
+        if isinstance(g, dict):
+            g = g.get("name") or g.get("device") or None
+        if g:
+            e.gpu = str(g)
+    return e
+
+
+def _row_status(levels: dict[str, Entry], build: Entry, pinned, has_image: bool) -> tuple[str, str | None]:
+    """(status, best_level) - the rule in this module's docstring."""
+    best = None
+    for level in LEVELS:
+        if levels[level].status != "pass":
+            break
+        best = level
+    failed = any(is_failing(levels[lv].status) for lv in LEVELS)
+    if failed or (build.status == "fail" and not has_image):
+        status = "broken"
+    elif best and pinned:
+        status = "verified"
+    elif best:
+        status = "unpinned"  # passed, but never pushed: nothing a user could pull by digest
+    else:
+        status = "untested"
+    return status, best if status in ("verified", "unpinned", "broken") else None
+
+
+def _failure(status: str, levels: dict[str, Entry], build: Entry) -> Failure | None:
+    failed = [lv for lv in LEVELS if is_failing(levels[lv].status)]
+    if failed:
+        e = levels[failed[0]]
+        return Failure(failed[0], e.cause or e.status, e.detail)
+    if status == "broken":
+        return Failure("build", build.cause or "build-failed", build.detail)
+    return None
+
+
+def fold_combo(records: list) -> Row:
+    """One table row from all records of one combination (any order)."""
+    recs = sorted(records, key=lambda r: r.run_id)
+    combo = dict(recs[-1].combo)
+    cid = safe_name(combo.pop("id"), "combo.id", f"record {recs[-1].run_id}")
+
+    # Per image: per level, the newest decisive entry and the newest undecided one.
+    per_image: dict[str | None, dict] = {}
+    images: dict[str | None, dict] = {}
+    newest_decisive: dict[str | None, str] = {}
+    build = Entry("not-run")
+    last_build_any: Entry | None = None
+    history = []
+    id_to_digest = {r.image["id"]: _image_key(r.image) for r in recs
+                    if r.image and r.image.get("id") and parse_pinned(r.image.get("digest"))}
+    for r in recs:
+        key = _image_key(r.image, id_to_digest)
+        if key is not None and (parse_pinned(r.image.get("digest")) or key not in images):
+            images[key] = r.image  # the newest record that names the image's digest describes it
+        levels = per_image.setdefault(key, {})
+        hist_levels = {}
+        # Expand each verdict to the levels it covers; a verdict keyed at a level itself wins
+        # over what a higher-level verdict of the same run implies about that level.
+        expanded: dict[str, Verdict] = {}
+        for pkey, v in sorted(r.probe.items(), key=lambda kv: -LEVELS.index(kv[0]) if kv[0] in LEVELS else 1):
+            expanded.update(expand_verdict(pkey, v))
+        for level in LEVELS:
+            if level not in expanded:
+                continue
+            e = _level_entry(r, level, expanded[level])
+            hist_levels[level] = e.status
+            slot = levels.setdefault(level, {})
+            if is_decisive(e.status):
+                slot["decisive"] = e
+                newest_decisive[key] = r.run_id
+            else:
+                slot["undecided"] = e
+        # Build outcome: an image means the build passed; a "fail" before the probe stage is
+        # a verdict that the stack cannot be built; "error" is infrastructure, history only.
+        if r.image and (r.image.get("id") or r.image.get("digest")):
+            build = Entry("pass", None, "", r.run_id, r.created)
+        elif r.status == "fail" and r.stage in ("lock", "render", "build"):
+            build = Entry("fail", r.cause, _short(r.detail), r.run_id, r.created, stage=r.stage)
+        elif r.status == "error":
+            last_build_any = Entry("error", r.cause, _short(r.detail), r.run_id, r.created, stage=r.stage)
+        history.append(HistoryEntry(r.run_id, r.created, r.stage, r.status, r.cause,
+                                    (r.image or {}).get("digest") or (r.image or {}).get("ref"),
+                                    hist_levels, r.machine.get("gpu")))
+    if build.status == "not-run" and last_build_any:
+        build = last_build_any  # only infrastructure errors so far: say so, as "error"
+
+    # The row's image: newest decisive probe verdict wins; else the newest image built.
+    if newest_decisive:
+        row_key = max(newest_decisive, key=newest_decisive.get)
+    else:
+        row_key = next((_image_key(r.image, id_to_digest) for r in reversed(recs) if _image_key(r.image)), None)
+    img = images.get(row_key) or {}
+    pinned = parse_pinned(img.get("digest"))
+    image = None
+    if img:
+        image = Image(img.get("ref"), f"sha256:{pinned[1]}" if pinned else None,
+                      img.get("digest") if pinned else None, img.get("size"))
+
+    versions, hardware = _read_from_image(recs, row_key, id_to_digest)
+    if combo.get("cuda"):
+        hardware = {**hardware, "min_driver": drivers.min_driver(combo["cuda"])}
+    levels = {}
+    for level in LEVELS:
+        slot = per_image.get(row_key, {}).get(level, {})
+        levels[level] = slot.get("decisive") or slot.get("undecided") or Entry("not-run")
+    status, best = _row_status(levels, build, pinned, image is not None)
+    return Row(id=cid, combo=Combo.from_dict(combo), image=image, build=build, levels=levels,
+               best_level=best, status=status, failure=_failure(status, levels, build),
+               lock_hash=recs[-1].lock_hash, base=recs[-1].base, history=list(reversed(history)),
+               versions=versions, hardware=hardware, notes=_notes(combo, recs[-1]))
+
+
+def _notes(combo: dict, newest) -> list[str]:
+    notes = [combo["note"]] if combo.get("note") else []
+    ln = newest.lock_notes or {}
+    notes += [str(x) for x in ln.get("relaxed") or []]
+    if ln.get("built_from_source"):
+        notes.append("built from source (build dependencies pinned by the lock): "
+                     + ", ".join(map(str, ln["built_from_source"])))
+    return notes
+
+
+def _read_from_image(recs, row_key, id_to_digest) -> tuple[dict, dict]:
+    """The newest versions and hardware facts the probe read from the row's image."""
+    versions: dict = {}
+    hardware: dict = {}
+    caveats: list = []
+    for r in recs:  # oldest first: newer verdicts overwrite
+        if _image_key(r.image, id_to_digest) != row_key:
+            continue
+        for v in r.probe.values():
+            if v.versions:
+                versions = {k: x for k, x in v.versions.items() if isinstance(x, (str, int, float, bool)) or x is None}
+            if v.caveats:
+                caveats = v.caveats
+            hw = v.hardware
+            if hw:
+                arch = hw.get("gpu_arch") if isinstance(hw.get("gpu_arch"), dict) else {}
+                # the row keeps the verdict (which GPUs, which package limits them), not the per-file lists
+                hardware = {"gpu_arch": {"supports": list(arch.get("supports") or []),
+                                         "lacking": dict(arch.get("lacking") or {})},
+                            "min_shm_bytes": hw.get("min_shm_bytes")}
+    if caveats:  # works, but the host must allow this: "fetches X at import", "writes to $HOME"
+        hardware["caveats"] = [{k: str(c.get(k) or "") for k in ("kind", "module", "what")} for c in caveats]
+    return versions, hardware
+
+
+def fold(records) -> list[Row]:
+    by_combo: dict[str, list] = {}
+    for r in records:
+        cid = r.combo.get("id") if isinstance(r.combo, dict) else None
+        if isinstance(cid, str) and cid:  # a record without a combination id is not a row
+            by_combo.setdefault(cid, []).append(r)
+    return [fold_combo(by_combo[c]) for c in sorted(by_combo)]

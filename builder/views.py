@@ -1,0 +1,169 @@
+"""The table's views: index.html and compat.md, each rendered from a Jinja2 template file
+(dockerfiles/index.html.j2, dockerfiles/compat.md.j2) with data that the one query made
+(envbuild.query). Pure functions of a typed table: no file is read but the templates.
+
+What a row shows is listed here once: every field of a row is in ROW_FIELDS (shown, with how) or in
+HIDDEN_FIELDS (not shown, and why); tests/test_views.py fails when a row grows a field that is
+on neither list.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+
+from . import drivers
+from .probe.fatbin import GPUS
+from .query import Ask, Facts, cells, facts, rank_key
+from .row import STATUSES, TABLE_PAYLOAD_TYPE, Row, Table
+from .vocab import DEFAULT_PLATFORM, LEVELS, PLATFORMS, level_rank, parse_variant
+
+HISTORY_IN_PAGE = 10  # the page shows recent runs; compat.json keeps them all
+
+# Row fields the detail pane and compat.md show: field -> label.
+ROW_FIELDS = {
+    "id": "combination", "combo": "versions (verl, engine, torch, CUDA, Python, platform)", "image": "image",
+    "build": "build", "levels": "levels", "best_level": "best level", "status": "status", "failure": "failure",
+    "versions": "other versions", "hardware": "host needs (GPU kernels, NVIDIA driver, /dev/shm, caveats)",
+    "notes": "notes", "base": "base image", "history": "recent runs",
+}
+# Row fields neither shows, and why.
+HIDDEN_FIELDS = {
+    "lock_hash": "an identity for provenance (the attestation and compat.json carry it), nothing to decide on",
+}
+
+
+def _env():
+    import jinja2
+
+    from .paths import templates_dir
+
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())), keep_trailing_newline=True,
+                              undefined=jinja2.StrictUndefined, autoescape=jinja2.select_autoescape(["html.j2"]))
+
+
+@lru_cache(maxsize=None)
+def _template(name: str):
+    return _env().get_template(name)
+
+
+# ---------------------------------------------------------------- shared facts
+
+
+def engine_label(row: Row) -> str:
+    c = row.combo
+    return f"{c.engine or ''} {c.engine_version or ''}".strip()
+
+
+def gpu_label(sm: str) -> str:
+    """`sm_90` -> `sm_90 (H100, H200, H20, GH200)`."""
+    names = [n for n, cc in GPUS.items() if f"sm_{cc}" == sm]
+    return f"{sm} ({', '.join(names)})" if names else sm
+
+
+def _facts_json(f: Facts, rank: int) -> dict:
+    return {"eligible": f.eligible, "supports": list(f.supports) if f.supports is not None else None,
+            "min_driver": f.min_driver, "standing": f.standing, "rank": rank}
+
+
+def _platforms(table: Table) -> list[str]:
+    have = {r.combo.platform or DEFAULT_PLATFORM for r in table.rows}
+    return [p for p in PLATFORMS if p in have] + sorted(have - set(PLATFORMS))
+
+
+# ---------------------------------------------------------------- the page
+
+
+def page_data(table: Table, pubkey: dict) -> dict:
+    """What index.html embeds: the rows (as compat.json holds them, plus each row's query facts
+    under `q`) and, per platform, the answer of every cell at the default ask: the page's script
+    draws from these and combines the facts the way query.qualifies does for any other ask."""
+    rows = list(table.rows)
+    order = {r.id: i for i, r in enumerate(sorted(rows, key=rank_key))}
+    out_rows = []
+    for r in rows:
+        d = r.to_dict()
+        d["history"] = d["history"][:HISTORY_IN_PAGE]
+        d["q"] = _facts_json(facts(r), order[r.id])
+        out_rows.append(d)
+    platforms = _platforms(table)
+    best = {}
+    for pf in platforms:
+        for (p, eng, verl), ans in cells(table, Ask().on(pf)).items():
+            best[f"{p}|{eng}|{verl}"] = {"best": ans.best.id if ans.best else None, "shown": ans.shown.id}
+    keyval = pubkey.get("keyval") if isinstance(pubkey.get("keyval"), dict) else {}
+    gpus = sorted({s for r in rows for s in (facts(r).supports or ())}, key=lambda s: int(s[3:]))
+    return {"generated": table.generated, "schema": table.schema, "serial": table.serial, "expires": table.expires,
+            "keyid": pubkey.get("keyid"), "counts": table.counts, "rows": out_rows,
+            "key": {"keyid": pubkey.get("keyid"), "public": keyval.get("public")},
+            "payloadType": TABLE_PAYLOAD_TYPE, "drivers": drivers.page_table(), "levels": list(LEVELS),
+            "platforms": platforms, "defaultPlatform": DEFAULT_PLATFORM if DEFAULT_PLATFORM in platforms else
+            (platforms[0] if platforms else ""), "gpus": [[s, gpu_label(s)] for s in gpus],
+            "defaultLevel": Ask().level, "best": best, "statuses": list(STATUSES),
+            "fields": {"shown": ROW_FIELDS, "hidden": HIDDEN_FIELDS}}
+
+
+def render_html(table: Table, pubkey: dict) -> str:
+    data = json.dumps(page_data(table, pubkey), sort_keys=True, separators=(",", ":"))
+    data = data.replace("<", "\\u003c")  # nothing in the data can close the <script> element
+    return _template("index.html.j2").render(data=data, keyid=str(pubkey.get("keyid")),
+                                             generated=str(table.generated))
+
+
+# ---------------------------------------------------------------- compat.md
+
+
+def _md(s: object) -> str:
+    """One table cell: no pipe, newline or backtick can break out of it."""
+    return str(s if s is not None else "").replace("|", "\\|").replace("\n", " ").replace("`", "'").strip()
+
+
+def _cause(r: Row) -> str:
+    if r.failure:
+        return f"{r.failure.level}: {r.failure.cause}"
+    if r.build.status == "fail":
+        return f"rebuild fails: {r.build.cause}"
+    undecided = [f"{k}: {v.cause or v.status}" for k, v in r.levels.items() if v.status in ("error", "needs-gpu")]
+    if r.build.status == "error":
+        undecided.insert(0, f"build error (not a verdict): {r.build.cause}")
+    return "; ".join(undecided)
+
+
+def needs(r: Row) -> list[str]:
+    """What the host must provide, in words: GPU kernels, driver, /dev/shm, caveats."""
+    hw = r.hardware or {}
+    out = []
+    f = facts(r)
+    out.append("kernels for " + (", ".join(f.supports) if f.supports else "unknown GPUs (not read)"))
+    var = parse_variant(r.combo.cuda)
+    if f.min_driver:
+        out.append(f"NVIDIA driver >= {f.min_driver} ({var.label if var else r.combo.cuda})")
+    if hw.get("min_shm_bytes"):
+        out.append(f"/dev/shm >= {int(hw['min_shm_bytes']) >> 20} MiB")
+    for c in hw.get("caveats") or []:
+        out.append(f"{c.get('kind')}: {c.get('module')} {c.get('what')}".strip())
+    return out
+
+
+def md_row(r: Row) -> dict:
+    c = r.combo
+    img = (r.image.pinned or r.image.ref or "") if r.image else ""
+    return {"verl": _md(c.verl), "engine": _md(engine_label(r)), "torch": _md(c.torch),
+            "cuda": _md(c.cuda), "python": _md(c.python), "platform": _md(c.platform or DEFAULT_PLATFORM),
+            "status": _md(r.status), "best": _md(r.best_level or "-"),
+            "levels": [_md(r.level(lv).status) for lv in LEVELS], "cause": _md(_cause(r)),
+            "needs": _md("; ".join(needs(r))), "notes": _md("; ".join(r.notes)),
+            "base": _md((r.base or {}).get("ref") or ""), "image": _md(img), "id": _md(r.id)}
+
+
+def render_markdown(table: Table) -> str:
+    best = []
+    for pf in _platforms(table):
+        for (p, eng, verl), ans in cells(table, Ask().on(pf)).items():
+            row = ans.best
+            best.append({"platform": _md(p), "engine": _md(eng), "verl": _md(verl),
+                         "answer": _md(row.id) if row else "-", "level": _md(row.best_level) if row else "-",
+                         "image": _md(row.pinned) if row else "", "shown": _md(ans.shown.status)})
+    return _template("compat.md.j2").render(
+        table=table, counts=table.counts, levels=LEVELS, rows=[md_row(r) for r in table.rows], best=best,
+        default_level=Ask().level, level_rank=level_rank)
