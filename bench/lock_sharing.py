@@ -20,7 +20,8 @@ from types import SimpleNamespace
 from packaging.utils import parse_wheel_filename
 
 from envbuild.index import Metadata
-from envbuild.lock import Locker, parse_lock, wheel_tags
+from envbuild.lock import Locker, wheel_tags
+from envbuild.lockfile import parse_lock
 from envbuild.matrix import load_matrix, plan, selectors_from_args
 from envbuild.paths import default_matrix
 

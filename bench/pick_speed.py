@@ -76,7 +76,7 @@ def synth_records(n_rows: int):
 COLD = r"""
 import sys, time
 t0 = time.perf_counter()
-from envbuild.verify import load_verified
+from envbuild.trust import load_verified
 from envbuild.pick import pick
 t, _ = load_verified(sys.argv[1], sys.argv[2])
 row, _ = pick(t, {"vllm": "0.8.4"})
@@ -97,7 +97,7 @@ def main() -> int:
     a = ap.parse_args()
 
     from envbuild.pick import pick
-    from envbuild.verify import load_verified
+    from envbuild.trust import load_verified
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

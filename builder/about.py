@@ -22,7 +22,7 @@ def version_text() -> str:
     matrix = f"matrix schema {data.get('schema', 1)} ({mpath.name} sha256:{hashlib.sha256(mpath.read_bytes()).hexdigest()[:12]})"
     probe = f"probe verdict schema {VERDICT_SCHEMA}"
     try:
-        from .probe_run import probe_code_hash  # the probe's code digest, as reuse keys use it
+        from .probe_exec import probe_code_hash  # the probe's code digest, as reuse keys use it
     except ImportError:
         pass
     else:

@@ -28,7 +28,7 @@ from .errors import InputError
 from .query import attested_disagreement
 from .sign import IN_TOTO_PAYLOAD_TYPE, STATEMENT_TYPE, TEST_RESULT_PREDICATE, VerifyError, load_public_key, verify_envelope
 from .values import registry_host
-from .vocab import LEVELS
+from .probe.vocab import LEVELS
 
 if TYPE_CHECKING:  # envbuild.registry (oras, requests, jsonschema: ~0.5 s) is imported where a
     # registry is asked: `envbuild --help` imports every command's module.

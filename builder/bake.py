@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from . import image
+from .selector import add_selector_args
 from .errors import EnvbuildError, InputError
 from .fsutil import write_atomic
 from .index import Metadata
@@ -121,6 +122,17 @@ def collect_rendered(combos, rendered_dir: Path, render_missing) -> list[dict]:
                     "content_hash": info["content_hash"], "lock_hash": info.get("lock_hash"),
                     "base": info["base"], "model": info["model"]})
     return out
+
+
+def add_arguments(b) -> None:
+    add_selector_args(b)
+    b.add_argument("--out", default="docker-bake.json", help="output file (default: docker-bake.json)")
+    b.add_argument("--rendered", default="rendered", help="rendered contexts (`envbuild render --out`); "
+                                                      "missing ones are locked and rendered here")
+    b.add_argument("--locks", default="locks", help="lock folder for missing renders (default: ./locks)")
+    b.add_argument("--base", default="nvidia", help="base for missing renders: nvidia | bootstrap | IMAGE")
+    image.add_repository_arg(b, "tag for")
+    b.add_argument("--cache", help="registry cache repository (default: REPO-buildcache)")
 
 
 def run(args) -> int:

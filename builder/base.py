@@ -29,7 +29,7 @@ from pathlib import Path
 
 from .errors import EnvbuildError, InfraError, InputError
 from .values import IMAGE_RE, Base, registry_host, split_ref
-from .vocab import DEFAULT_PLATFORM, PLATFORMS, host_platform, parse_platform, platform_arch, platform_machine
+from .probe.vocab import DEFAULT_PLATFORM, PLATFORMS, host_platform, parse_platform, platform_arch, platform_machine
 
 # Bump when the recipe below changes in a way that changes the image.
 RECIPE = 1

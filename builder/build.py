@@ -27,14 +27,14 @@ from .lock import Locker
 from .matrix import matrix_from_args, plan_from_args
 from .outcome import exit_of_records
 from .probe_run import VerdictCache, probe_image_levels
-from .pipeline import DEFAULT_TIMEOUT, BaseFutures, Builder, Options, run_all
+from .pipeline import DEFAULT_TIMEOUT, PROBE_CHOICES, BaseFutures, Builder, Options, run_all
 from .progress import PlainProgress, RichProgress
 from .push import pusher_for
 from .record import latest_by_combo
 from .render import render_combo
 from .selector import add_selector_args
 from .values import Base, registry_host
-from .vocab import DEFAULT_PLATFORM, PROBE_CHOICES, host_platform
+from .probe.vocab import DEFAULT_PLATFORM, host_platform
 
 CA_ENV = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
 DEFAULT_RESULTS = "results"

@@ -58,7 +58,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
+    # Only the command asked for is imported; completion walks every command, so it gets them all.
+    one = argv[0] if argv and argv[0] in COMMANDS and argv[0] != "completion" else None
+    parser = build_parser(one)
+    parser.set_defaults(_parser=parser)
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help()

@@ -78,15 +78,14 @@ def _walk(parser: argparse.ArgumentParser, cmd: Command, selectors: dict[str, li
                     cmd.values[opt] = vals
 
 
-def commands(matrix_path=None) -> list[Command]:
-    from .cli import COMMANDS, build_parser
-
+def commands(parser: argparse.ArgumentParser, matrix_path=None) -> list[Command]:
+    """The commands of the CLI's whole parser (handed in by envbuild.cli: a command does not
+    import the CLI that dispatches to it)."""
     selectors = selector_values(matrix_path)
-    parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     out = []
     for name, sp in sub.choices.items():
-        cmd = Command(name, COMMANDS.get(name, ("", ""))[1])
+        cmd = Command(name, sp.description or "")
         _walk(sp, cmd, selectors)
         out.append(cmd)
     return out
@@ -175,5 +174,5 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    print(SCRIPTS[args.shell](commands(args.matrix)), end="")
+    print(SCRIPTS[args.shell](commands(args._parser, args.matrix)), end="")
     return 0

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 from .errors import UsageError
 from .row import Entry, Row, Table
-from .vocab import FAILING, LEVELS, NOT_RUN, PASS, UNDECIDED
+from .probe.vocab import FAILING, LEVELS, NOT_RUN, PASS, UNDECIDED
 
 STAGES = ("build", *LEVELS)  # what a row says per stage: its build, then each probe level
 
@@ -185,7 +185,7 @@ def render_markdown(d: Diff, verified: bool = True) -> str:
 
 
 def add_arguments(p) -> None:
-    from .verify import add_trust_arguments
+    from .trust import add_trust_arguments
 
     p.add_argument("old", help="the earlier table (directory, compat.json, its .dsse, or an https URL)")
     p.add_argument("new", help="the later table")
@@ -200,7 +200,7 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from .fsutil import write_atomic
     from .state import TrustStore
-    from .verify import check_fresh, load_verified
+    from .trust import check_fresh, load_verified
 
     ko = args.old_pubkey or args.pubkey
     kn = args.new_pubkey or args.pubkey

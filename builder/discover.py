@@ -26,7 +26,7 @@ from pathlib import Path
 from .errors import EnvbuildError
 from .fsutil import write_atomic
 from .matrix import _spec_match, load_matrix, matrix_from_args, plan
-from .vocab import VERSIONED_ENGINES, dist_of
+from .probe.vocab import VERSIONED_ENGINES, dist_of
 from .index import Metadata
 
 PACKAGES = ("verl", *VERSIONED_ENGINES, "torch")  # an engine's releases: vocab.dist_of names its package

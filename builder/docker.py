@@ -29,7 +29,7 @@ from typing import Callable
 from .errors import InfraError
 from .push import pusher_for, registry_digest, skopeo_push
 from .values import split_ref
-from .vocab import host_platform, platform_arch
+from .probe.vocab import host_platform, platform_arch
 
 DAEMON_DOWN = re.compile(r"Cannot connect to the Docker daemon|Is the docker daemon running|"
                          r"error during connect|connect: no such file or directory|"

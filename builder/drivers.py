@@ -10,7 +10,7 @@ GPUs can also run a newer toolkit on an older driver with the forward-compatibil
 
 from __future__ import annotations
 
-from .vocab import parse_variant
+from .probe.vocab import parse_variant
 
 MIN_DRIVER_LINUX = {
     "11.8": "520.61.05",

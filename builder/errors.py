@@ -16,10 +16,10 @@ Exit codes (README, "Exit codes"):
 
 from __future__ import annotations
 
-from .vocab import EXIT_BAD_INPUT as BAD_INPUT
-from .vocab import EXIT_INFRA as INFRA
-from .vocab import EXIT_OK as OK  # noqa: F401 - the codes' home is the vocabulary (shared with the probe)
-from .vocab import EXIT_VERDICT as VERDICT
+from .probe.vocab import EXIT_BAD_INPUT as BAD_INPUT
+from .probe.vocab import EXIT_INFRA as INFRA
+from .probe.vocab import EXIT_OK as OK  # noqa: F401 - the codes' home is the vocabulary (shared with the probe)
+from .probe.vocab import EXIT_VERDICT as VERDICT
 
 # The exit code of a command's outcomes (verdicts, records, lock results): envbuild.outcome.
 

@@ -28,7 +28,8 @@ from .docker import Engine
 from .errors import EnvbuildError, InfraError, InputError
 from .matrix import plan_from_args
 from .outcome import Verdict, exit_of_records, unwritten
-from .probe_run import CONTAINER_PREFIX, DEFAULT_TIMEOUT, ProbeJob, jobs_from_results, probe_levels, record_probe
+from .probe_exec import DEFAULT_TIMEOUT
+from .probe_run import CONTAINER_PREFIX, ProbeJob, jobs_from_results, probe_levels, record_probe
 from .selector import add_selector_args
 
 DEFAULT_RETRIES = 2

@@ -21,7 +21,7 @@ from . import drivers
 from .fsutil import safe_name
 from .outcome import Check, Verdict
 from .row import Combo, Entry, Failure, HistoryEntry, Image, Row, parse_pinned
-from .vocab import ERROR, FAIL, LEVELS, NEEDS_GPU, PASS, TIMEOUT, is_decisive, is_failing, levels_upto
+from .probe.vocab import ERROR, FAIL, LEVELS, NEEDS_GPU, PASS, TIMEOUT, is_decisive, is_failing, levels_upto
 
 _DETAIL_MAX = 600
 

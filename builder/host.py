@@ -12,7 +12,7 @@ import shutil
 import subprocess
 from functools import lru_cache
 
-from .vocab import ACCELERATORS, AcceleratorKind
+from .probe.vocab import ACCELERATORS, AcceleratorKind
 
 
 def _answers(argv: tuple[str, ...]) -> bool:

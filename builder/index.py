@@ -33,7 +33,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from .errors import EnvbuildError, InfraError, InputError
-from .vocab import ENGINE, dist_of, parse_variant, variant_of
+from .probe.vocab import ENGINE, dist_of, parse_variant, variant_of
 from .fsutil import write_atomic, write_json_atomic
 from .paths import cache_dir, metadata_snapshot
 

@@ -32,9 +32,10 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 
 from .errors import EnvbuildError
-from .lock import LockResult, parse_lock
+from .lock import LockResult
+from .lockfile import parse_lock
 from .values import Base, Combo
-from .vocab import ENGINE_SPECS
+from .probe.vocab import ENGINE_SPECS
 
 # (group, name prefixes), first match wins; the last group takes every other nvidia-* wheel.
 CUDA_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (

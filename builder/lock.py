@@ -50,13 +50,14 @@ from packaging.version import Version
 
 from .errors import EnvbuildError, InfraError, InputError
 from .fsutil import write_atomic, write_json_atomic
+from .lockfile import layer_text, parse_lock
 from .index import Metadata, TorchSource, default_index_url, redact, torch_source, uv_exe
 from .matrix import Matrix, matrix_from_args, plan_from_args
 from .selector import add_selector_args
 from .values import Combo
 
 from .paths import cache_dir
-from .vocab import DEFAULT_PLATFORM, ENGINE, dist_of, platform_machine
+from .probe.vocab import DEFAULT_PLATFORM, ENGINE, dist_of, platform_machine
 
 LAYERS = ("torch", "engine", "verl")
 # Build backends an sdist commonly asks for; pinned as of the era in the build constraints.
@@ -162,39 +163,6 @@ def explain(detail: str, width: int = 100, indent: str = "    ") -> str:
 
 
 # --------------------------------------------------------------------------- requirement files
-
-
-def parse_lock(text: str) -> dict[str, tuple[str, str]]:
-    """uv's hashed output -> {name: (version, block text)}; a block is the pin + its hashes."""
-    out: dict[str, tuple[str, str]] = {}
-    block: list[str] = []
-
-    def flush():
-        if block:
-            m = re.match(r"^([A-Za-z0-9_.\-\[\],]+)==(\S+)", block[0])
-            if m:
-                name = re.sub(r"\[.*\]", "", m.group(1)).lower().replace("_", "-")
-                out[name] = (m.group(2), "\n".join(block) + "\n")
-        block.clear()
-
-    for line in text.splitlines():
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        if line.startswith((" ", "\t")):
-            block.append(line)
-        else:
-            flush()
-            block.append(line)
-    flush()
-    return out
-
-
-def layer_text(full: dict[str, tuple[str, str]], names, header: str) -> str:
-    """The requirements file of one layer: the blocks of `names`, as the full resolution has them."""
-    lines = [header]
-    for name in sorted(names):
-        lines.append(full[name][1].rstrip("\n"))
-    return "\n".join(lines) + "\n"
 
 
 def split_layers(full: dict[str, tuple[str, str]], torch_pins: dict[str, str],

@@ -21,7 +21,7 @@ from .index import Metadata
 from .paths import default_matrix
 from .selector import Selectors, add_selector_args, narrow, selectors_from_args, version_matches  # noqa: F401 - re-exported
 from .values import IMAGE_RE, Combo, VariantEntry
-from .vocab import (DEFAULT_PLATFORM, ENGINE, ENGINES, PLATFORMS, VERSIONED_ENGINES, dist_of,
+from .probe.vocab import (DEFAULT_PLATFORM, ENGINE, ENGINES, PLATFORMS, VERSIONED_ENGINES, dist_of,
                     parse_variant, platform_machine, variant_of)
 
 # Field patterns, used with fullmatch. They end in \Z, not $ ($ also matches before a trailing

@@ -310,7 +310,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from .verify import load_verified
+    from .trust import load_verified
 
     env = os.environ
     missing = [k for k in ("GITHUB_REPOSITORY", "GITHUB_TOKEN") if not env.get(k)]

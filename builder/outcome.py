@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .vocab import (
+from .probe.vocab import (
     CAVEATS, ERROR, EXIT_INFRA, EXIT_OF_STATUS, EXIT_OK, EXIT_VERDICT, FAIL, FAILING, LEVELS, NEEDS_GPU,
     NOT_APPLICABLE, PASS, SKIPPED, TIMEOUT, VERDICT_STATUSES,
 )

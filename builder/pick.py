@@ -18,7 +18,7 @@ from .probe.fatbin import parse_sm
 from .query import DEFAULT_LEVEL, Answer, Ask, answer, versions_in, why_not
 from .row import Row, Table
 from .selector import add_selector_args, selectors_from_args
-from .vocab import DEFAULT_PLATFORM, LEVELS, host_platform
+from .probe.vocab import DEFAULT_PLATFORM, LEVELS, host_platform
 
 # `verify` (and with it urllib, ssl, the config reader) is imported inside run(): `pick`'s whole
 # process must start in under 200 ms on a 1,000-row signed table (bench/pick_speed.py measures it).
@@ -59,7 +59,7 @@ def explain_empty(table: Table, a: Ask, ans: Answer) -> list[str]:
 
 
 def add_arguments(p) -> None:
-    from .verify import add_trust_arguments
+    from .trust import add_trust_arguments
 
     add_selector_args(p, matrix=False)  # the one grammar (envbuild.selector): 0.8 selects 0.8.x
     p.add_argument("--gpu", metavar="GPU", help="only images with kernels for this GPU: H100, H200, B200, GB200, "
@@ -95,7 +95,7 @@ def ask_from_args(args) -> Ask:
 
 
 def run(args) -> int:
-    from .verify import load_verified
+    from .trust import load_verified
 
     table, info = load_verified(args.table, args.pubkey, args.insecure, quiet=args.json,
                                 allow_rollback=args.allow_rollback, ca=args.ca)

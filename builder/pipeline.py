@@ -16,7 +16,7 @@ upload of GBs) and the probe (which runs the local image) run at once. Their rec
   - the probe's verdicts are always kept (record.probe), whatever the push did;
   - a failing verdict (fail, timeout) decides: stage probe, status fail, the probe's cause; a
     push that failed as well is named in the detail (a verdict outranks infrastructure, as in
-    probe_run.record_status);
+    outcome.record_status);
   - otherwise a failed push decides, as before the overlap: stage push, status error, its cause
     (daemon-error; internal-error for a bug in the push path), the probe's outcome in the detail;
   - otherwise the probe decides (stage probe), or, without --probe, stage build, ok.
@@ -40,14 +40,18 @@ from .errors import EnvbuildError, InfraError
 from .image import build_labels
 from .index import torch_index_url
 from .outcome import Verdict, lock_record_status, record_status
-from .probe_run import Target, VerdictCache, expect_of, probe_levels
+from .probe_exec import expect_of
+from .probe_run import Target, VerdictCache, probe_levels
 from .progress import PlainProgress
 from .record import Record, write_record
 from .secretfiles import secret_files
 from .values import Base, image_refs
-from .vocab import PROBE_PLAN, host_platform
+from .probe.vocab import LEVELS, host_platform
 
 DEFAULT_TIMEOUT = 3600  # seconds per build
+# `envbuild build --probe X` -> the probe levels run, in order (auto: gpu where a GPU is, else cpu).
+PROBE_CHOICES = ("none", "cpu", "gpu", "auto")
+PROBE_PLAN = {"none": (), "cpu": ("env", "contract"), "gpu": LEVELS}
 
 
 @dataclass

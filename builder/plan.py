@@ -9,7 +9,7 @@ from .index import Metadata, snapshot
 from .matrix import matrix_from_args, plan_from_args
 from .paths import metadata_snapshot_for_write
 from .selector import add_selector_args
-from .vocab import dist_of
+from .probe.vocab import dist_of
 
 
 def add_arguments(p) -> None:

@@ -10,10 +10,11 @@ import sys
 from .errors import InputError, UsageError
 from .fanout import add_ray_arguments, run_from_args
 from .fsutil import write_json_atomic
-from .probe_run import DEFAULT_TIMEOUT, probe_here, probe_image
+from .probe_exec import DEFAULT_TIMEOUT, probe_here
+from .probe_run import probe_image
 from .selector import selectors_from_args
 from .outcome import exit_of_verdict
-from .vocab import LEVELS, parse_variant
+from .probe.vocab import LEVELS, parse_variant
 
 # ----------------------------------------------------------------------------- CLI
 def add_arguments(p) -> None:

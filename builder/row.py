@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from .errors import InputError
 from .values import parse_pinned  # noqa: F401 - readers of the table find it with the rows
-from .vocab import LEVELS
+from .probe.vocab import LEVELS
 
 TABLE_PAYLOAD_TYPE = "application/vnd.envbuild.compat-table+json"  # the DSSE payload type of compat.json
 SCHEMA = 2

@@ -38,7 +38,7 @@ class DebPackage:
 
 def python_packages(layers: list[tuple[str, str]], tools: str | None = None) -> list[PyPackage]:
     """[(layer name, lock text)] in install order -> the packages the venv ends up with."""
-    from .lock import parse_lock  # here: envbuild.lock's imports cost ~0.4 s, verify never parses locks
+    from .lockfile import parse_lock
 
     final: dict[str, PyPackage] = {}
     for layer, text in layers:

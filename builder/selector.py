@@ -20,7 +20,7 @@ from functools import lru_cache
 from packaging.version import InvalidVersion, Version
 
 from .errors import InputError
-from .vocab import DEFAULT_PLATFORM, ENGINE_SPECS, ENGINES, PLATFORMS, parse_platform, parse_variant, variant_tag
+from .probe.vocab import DEFAULT_PLATFORM, ENGINE_SPECS, ENGINES, PLATFORMS, parse_platform, parse_variant, variant_tag
 
 _PY_RE = re.compile(r"3\.\d{1,2}")
 _WHERE = "command line"

@@ -27,7 +27,7 @@ from .fsutil import write_atomic
 from .record import iter_records
 from .row import TABLE_PAYLOAD_TYPE, Row, Table, attestation_path, parse_pinned
 from .sign import IN_TOTO_PAYLOAD_TYPE, TEST_RESULT_PREDICATE, load_signer, public_key_of, sign_envelope, sign_statement, statement
-from .vocab import LEVELS, PASS, is_failing
+from .probe.vocab import LEVELS, PASS, is_failing
 
 DEFAULT_RESULTS = "results"
 DEFAULT_OUT = "table"

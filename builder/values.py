@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
-from .vocab import DEFAULT_PLATFORM, platform_arch
+from .probe.vocab import DEFAULT_PLATFORM, platform_arch
 
 # A docker image reference: registry/path:tag@digest, nothing a shell would interpret.
 IMAGE_RE = re.compile(r"[a-z0-9][a-z0-9._/:-]{0,253}[a-z0-9](?::\w[\w.-]{0,127})?(?:@sha256:[0-9a-f]{64})?\Z",

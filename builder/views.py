@@ -16,7 +16,7 @@ from . import drivers
 from .probe.fatbin import GPUS
 from .query import Ask, Facts, cells, facts, rank_key
 from .row import STATUSES, TABLE_PAYLOAD_TYPE, Row, Table
-from .vocab import DEFAULT_PLATFORM, LEVELS, PLATFORMS, level_rank, parse_variant
+from .probe.vocab import DEFAULT_PLATFORM, LEVELS, PLATFORMS, level_rank, parse_variant
 
 HISTORY_IN_PAGE = 10  # the page shows recent runs; compat.json keeps them all
 
@@ -92,7 +92,10 @@ def page_data(table: Table, pubkey: dict) -> dict:
         for (p, eng, verl), ans in cells(table, Ask().on(pf)).items():
             best[f"{p}|{eng}|{verl}"] = {"best": ans.best.id if ans.best else None, "shown": ans.shown.id}
     keyval = pubkey.get("keyval") if isinstance(pubkey.get("keyval"), dict) else {}
-    gpus = sorted({s for r in rows for s in (facts(r).supports or ())}, key=lambda s: int(s[3:]))
+    # Every GPU a user may have (the known ones, and any a row's kernels name): choosing one the
+    # table has no kernels for must say so, not hide the choice.
+    known = {f"sm_{cc}" for cc in GPUS.values()} | {s for r in rows for s in (facts(r).supports or ())}
+    gpus = sorted(known, key=lambda s: int(s[3:]))
     return {"generated": table.generated, "schema": table.schema, "serial": table.serial, "expires": table.expires,
             "keyid": pubkey.get("keyid"), "counts": table.counts, "rows": out_rows,
             "key": {"keyid": pubkey.get("keyid"), "public": keyval.get("public")},

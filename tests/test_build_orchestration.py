@@ -286,7 +286,7 @@ def test_probe_levels_run_in_order_and_stop_at_a_failure(tmp_path):
     by = {r.combo["id"]: r for r in recs}
     bad, good = by[combo().id], by[combo("hf", "").id]
     assert [s[1] for s in seen if s[2] == "vllm"] == ["env", "contract"]
-    from envbuild.probe_run import EXPECT_KEYS
+    from envbuild.probe_exec import EXPECT_KEYS
 
     assert set(seen[0][3]) == set(EXPECT_KEYS) and seen[0][3]["engine_version"] == "0.8.4"
     assert all(s[0] == bad.image["ref"] for s in seen if s[2] == "vllm")

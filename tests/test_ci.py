@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from envbuild.values import sanitize_tag
-from envbuild.ci import ACTIONLINT_FILE, WORKFLOW_FILE, combo_selectors
+from envbuild.ci_matrix import combo_selectors
+from envbuild.workflow import ACTIONLINT_FILE, WORKFLOW_FILE
 from envbuild.matrix import Selectors, load_matrix, plan
 from envbuild.paths import default_matrix
 from envbuild.render import context_hash
@@ -71,7 +72,7 @@ def test_actionlint_is_not_vacuous(tmp_path):
     (tmp_path / "empty.yaml").write_text("self-hosted-runner:\n  labels: []\n")
     # Labels are checked where they are literal: a one-platform matrix's workflow (with both
     # platforms, runs-on is an expression on the row's platform, which actionlint cannot read).
-    from envbuild.ci import DEFAULT_BUILD_RUNNER, DEFAULT_GPU_LABELS, render_workflow
+    from envbuild.workflow import DEFAULT_BUILD_RUNNER, DEFAULT_GPU_LABELS, render_workflow
     one = tmp_path / "one.yaml"
     one.write_text(default_matrix().read_text().replace('platforms: ["linux/amd64", "linux/arm64"]',
                                                         'platforms: ["linux/amd64"]'))

@@ -21,7 +21,7 @@ import yaml
 from table_fixtures import combo, image, passed, rec, verdict, write_all
 from test_notify import REPO, TOKEN, FakeGitHub
 
-from envbuild.ci import WORKFLOW_FILE
+from envbuild.workflow import WORKFLOW_FILE
 from envbuild.sign import load_public_key, verify_envelope, write_keypair
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from envbuild import __version__
+from envbuild.cli import build_parser
 from envbuild.completion import commands, fish_script
 from envbuild.matrix import load_matrix
 from envbuild.paths import default_matrix
@@ -48,7 +49,7 @@ def test_bash_completes_commands_flags_and_matrix_values(bash_script):
 
 
 def test_fish_and_zsh_scripts_cover_every_command():
-    cmds = commands()
+    cmds = commands(build_parser())
     fish = fish_script(cmds)
     for c in cmds:
         assert f"-a {c.name} -d" in fish

@@ -65,7 +65,7 @@ def test_wrong_key_or_tampered_table_fails(table):
 
 
 def test_missing_verify_module_degrades_to_a_warning(table, monkeypatch):
-    monkeypatch.setitem(sys.modules, "envbuild.verify", None)  # as if envbuild.verify were not installed
+    monkeypatch.setitem(sys.modules, "envbuild.trust", None)  # as if envbuild.trust were not installed
     r = check_table(Options(table=str(table["dir"])), "vllm", HAVE)
     assert r.status == WARN and "table verification not available" in r.reason
 

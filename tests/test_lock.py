@@ -6,7 +6,8 @@ from types import SimpleNamespace
 import pytest
 
 from envbuild.index import Metadata
-from envbuild.lock import Locker, era, layer_text, parse_lock
+from envbuild.lock import Locker, era
+from envbuild.lockfile import layer_text, parse_lock
 from envbuild.matrix import load_matrix, plan, selectors_from_args
 from envbuild.paths import default_matrix
 

@@ -11,7 +11,8 @@ import pytest
 
 from envbuild import index as indexmod
 from envbuild.index import Metadata, TorchSource
-from envbuild.lock import Locker, exact_pins, explain, parse_lock, split_layers
+from envbuild.lock import Locker, exact_pins, explain, split_layers
+from envbuild.lockfile import parse_lock
 from envbuild.matrix import load_matrix
 from envbuild.values import Combo
 from envbuild.paths import default_matrix

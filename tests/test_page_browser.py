@@ -134,19 +134,19 @@ def test_grid_renders_every_combination_with_status_and_cause(site):
     assert both["data-ids"].split() == [C["id"], E["id"]] and both["data-level"] == "gpu"
     assert both["data-broken"] == "0"
     assert "index-unreachable" not in both["data-status"]
-    assert [v for v, _ in s.options["f-cuda"]] == ["", "12.6", "12.4"]
+    assert [v for v, _ in s.options["f-cuda"]] == ["", "cu126", "cu124"]
     assert [v for v, _ in s.options["f-engine"]] == ["", "sglang", "vllm"]
 
 
 def test_filters_cuda_and_engine(site):
-    s = dom((site / "index.html").as_uri() + "#cuda=12.6")
+    s = dom((site / "index.html").as_uri() + "#cuda=cu126")
     filled = [c for c in s.cells if c["data-status"] != "none"]
     assert [c["data-ids"] for c in filled] == [C["id"]]
-    assert ("12.6", True) in s.options["f-cuda"]
+    assert ("cu126", True) in s.options["f-cuda"]
     s = dom((site / "index.html").as_uri() + "#engine=sglang")
     assert s.rowheads == ["sglang 0.4.6"]
     assert [c["data-status"] for c in s.cells if c["data-status"] != "none"] == ["broken"]
-    s = dom((site / "index.html").as_uri() + "#engine=vllm&cuda=12.4&torch=2.6.0")
+    s = dom((site / "index.html").as_uri() + "#engine=vllm&cuda=cu124&torch=2.6.0")
     assert set(s.rowheads) == {"vllm 0.8.4", "vllm 0.8.5"}
     assert {c["data-status"] for c in s.cells} == {"verified", "broken", "untested", "none"}
 
@@ -223,7 +223,7 @@ def test_page_needs_no_network(site):
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Recording, directory=str(site)))
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
-        s = dom(f"http://127.0.0.1:{srv.server_address[1]}/index.html#cuda=12.4")
+        s = dom(f"http://127.0.0.1:{srv.server_address[1]}/index.html#cuda=cu124")
     finally:
         srv.shutdown()
         srv.server_close()
@@ -277,7 +277,7 @@ def test_select_a_cell_and_copy_the_pull_command(site, browser):
                      session=False)
         # The grid shows torch and CUDA in each cell, and the legend explains the marks.
         cell = f'td.cell[data-ids~="{C["id"]}"]'
-        assert browser.eval(f"document.querySelector('{cell} .sub').textContent") == "torch 2.7.0 · CUDA 12.6"
+        assert browser.eval(f"document.querySelector('{cell} .sub').textContent") == "torch 2.7.0 · CUDA 12.6 · amd64"
         legend = browser.eval("document.getElementById('legend').textContent")
         assert "·N" in legend and "(N✗)" in legend and "no digest to pull" in legend
         browser.click(cell)

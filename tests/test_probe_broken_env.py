@@ -138,7 +138,7 @@ def test_library_shipped_by_another_installed_package_is_not_missing(tmp_path):
 
 
 def test_probe_reports_broken_environment(broken_site):
-    from envbuild.probe_run import probe_here
+    from envbuild.probe_exec import probe_here
     v = probe_here(level="contract", engine="hf", expect={}, timeout=600,
                    extra_env={"PYTHONPATH": str(broken_site), "CUDA_VISIBLE_DEVICES": ""})
     checks = {c["name"]: c for c in v["checks"]}

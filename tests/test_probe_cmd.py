@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from envbuild import probe_cmd, probe_run
+from envbuild import probe_cmd
+from envbuild import probe_exec as probe_run
 from envbuild.cli import main
 from envbuild.errors import EnvbuildError
 

@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 from envbuild.probe import train  # noqa: E402
-from envbuild.probe_run import probe_here  # noqa: E402
+from envbuild.probe_exec import probe_here  # noqa: E402
 
 CPU = {"CUDA_VISIBLE_DEVICES": ""}
 

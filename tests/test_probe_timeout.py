@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from envbuild.docker import default_client as docker_exe
-from envbuild.probe_run import probe_here, probe_image, probe_image_levels
+from envbuild.probe_exec import probe_here
+from envbuild.probe_run import probe_image, probe_image_levels
 
 HANG = "import os, time\nopen({pidfile!r}, 'w').write(str(os.getpid()))\ntime.sleep(3600)\n"
 

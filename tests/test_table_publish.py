@@ -10,7 +10,8 @@ from table_fixtures import combo, image, passed, rec, verdict, write_all
 from envbuild.errors import InputError, TrustError
 from envbuild.sign import VerifyError, load_public_key, write_keypair
 from envbuild.table import publish
-from envbuild.verify import load_verified, verify_attestations
+from envbuild.trust import load_verified
+from envbuild.verify import verify_attestations
 
 
 TODAY = int(time.time()) // 86400 * 86400  # fixed within a run (reproducible), never expired

@@ -19,7 +19,7 @@ from table_fixtures import combo, image, passed, rec, write_all
 from envbuild.errors import InfraError, TrustError
 from envbuild.sign import write_keypair
 from envbuild.table import publish
-from envbuild.verify import load_verified
+from envbuild.trust import load_verified
 
 A = combo()
 

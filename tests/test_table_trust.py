@@ -14,7 +14,7 @@ from envbuild.errors import InputError, TrustError
 from envbuild.fsutil import safe_name
 from envbuild.sign import write_keypair
 from envbuild.table import publish
-from envbuild.verify import load_verified
+from envbuild.trust import load_verified
 
 A, B = combo(), combo(verl="0.5.0")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..verl_config import VerlConfig
 from .. import drivers, host
 from ..probe.env_level import MIN_SHM_BYTES
-from ..vocab import ACCELERATORS, ENGINE, ENGINES, engine_of_rollout, variant_of
+from ..probe.vocab import ACCELERATORS, ENGINE, ENGINES, engine_of_rollout, variant_of
 from .tablecheck import check_table
 from .common import (FAIL, PASS, SKIP, WARN, Options, Result)
 
@@ -87,7 +87,7 @@ def run_probe(engine: str, opt: Options) -> Result:
     if not probe_available():
         return Result("env", "env.probe", WARN, "probe not available (envbuild.probe has no __main__ here)",
                       "install an envbuild with the probe, or run `envbuild probe` on the image")
-    from ..probe_run import probe_here  # the one probe path (envbuild.probe_run)
+    from ..probe_exec import probe_here  # the one probe launcher (envbuild.probe_exec): no container engine
 
     v = probe_here(level="contract", engine=engine, expect={}, timeout=opt.probe_timeout)
     if v.get("status") == "timeout":

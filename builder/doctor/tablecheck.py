@@ -6,7 +6,7 @@ from typing import Any
 
 from ..errors import EnvbuildError
 from ..query import exact
-from ..vocab import DEFAULT_PLATFORM, ENGINE, LEVELS, host_platform, is_failing, variant_tag
+from ..probe.vocab import DEFAULT_PLATFORM, ENGINE, LEVELS, host_platform, is_failing, variant_tag
 from .common import (FAIL, PASS, WARN, Options, Result)
 
 
@@ -18,7 +18,7 @@ def check_table(opt: Options, engine: str, versions: dict) -> Result:
     """The installed stack's row on this machine's platform, found by the one query (the row pick
     and the page would name for exactly these versions)."""
     try:
-        from ..verify import load_verified
+        from ..trust import load_verified
     except ImportError as e:
         return Result("env", "env.table", WARN, f"table verification not available ({e})",
                       "update envbuild (envbuild.verify)")

@@ -1,7 +1,7 @@
 """The shared vocabulary: one descriptor per axis value, and the words every verdict is made of.
 
 Its home is the probe because the probe runs inside images where envbuild is not installed
-(standard library only); the host side re-exports it (envbuild.vocab). Every table, flag, choice
+(standard library only); the host side imports it from here too. Every table, flag, choice
 list and check about an engine, an accelerator variant or a platform is derived from the
 descriptors here: adding an engine is one EngineSpec (plus its probe adapter and the matrix),
 adding an accelerator kind one AcceleratorKind.

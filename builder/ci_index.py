@@ -1,0 +1,24 @@
+"""`envbuild ci torch-index --cuda VARIANT`: the PyTorch index URL of one accelerator variant,
+as the lock and the build use it (index.torch_index_url under index.pytorch_root: the
+environment's ENVBUILD_PYTORCH_INDEX, else the matrix's `pytorch_index`, else the public
+index). The nightly's build step exports it as the bake file's torch-index secret."""
+
+from __future__ import annotations
+
+from .errors import InputError
+from .index import pytorch_root, torch_index_url
+from .matrix import matrix_from_args
+from .probe.vocab import parse_variant
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--matrix", default=None, help="matrix YAML whose `pytorch_index` applies (default: the bundled one)")
+    p.add_argument("--cuda", required=True, help="accelerator variant: cu126 or 12.6, rocm6.2")
+
+
+def run(args) -> int:
+    var = parse_variant(args.cuda)
+    if var is None or var.kind == "cpu":
+        raise InputError("command line", None, "--cuda", args.cuda, "not an accelerator variant (cu126 or 12.6, rocm6.2)")
+    print(torch_index_url(pytorch_root(matrix_from_args(args).pytorch_index), var.tag))
+    return 0

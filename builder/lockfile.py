@@ -1,0 +1,41 @@
+"""The hash-pinned requirements format the locks are written in (uv's `--generate-hashes`
+output): read into blocks per package, and a layer's file written from them. Pure text: the
+SBOM reads locks with it without the resolver.
+"""
+
+from __future__ import annotations
+
+import re
+
+
+def parse_lock(text: str) -> dict[str, tuple[str, str]]:
+    """uv's hashed output -> {name: (version, block text)}; a block is the pin + its hashes."""
+    out: dict[str, tuple[str, str]] = {}
+    block: list[str] = []
+
+    def flush():
+        if block:
+            m = re.match(r"^([A-Za-z0-9_.\-\[\],]+)==(\S+)", block[0])
+            if m:
+                name = re.sub(r"\[.*\]", "", m.group(1)).lower().replace("_", "-")
+                out[name] = (m.group(2), "\n".join(block) + "\n")
+        block.clear()
+
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if line.startswith((" ", "\t")):
+            block.append(line)
+        else:
+            flush()
+            block.append(line)
+    flush()
+    return out
+
+
+def layer_text(full: dict[str, tuple[str, str]], names, header: str) -> str:
+    """The requirements file of one layer: the blocks of `names`, as the full resolution has them."""
+    lines = [header]
+    for name in sorted(names):
+        lines.append(full[name][1].rstrip("\n"))
+    return "\n".join(lines) + "\n"
