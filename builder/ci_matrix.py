@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 
 from .matrix import plan_from_args
+from .probe.vocab import ENGINE
 from .selector import add_selector_args
 
 
 
 def combo_selectors(c) -> str:
     """Selectors naming exactly one combination (every axis given)."""
-    eng = "--hf" if c.engine == "hf" else f"--{c.engine} {c.engine_version}"
+    eng = f"--{c.engine} {c.engine_version}" if ENGINE[c.engine].versioned else f"--{c.engine}"
     return f"--verl {c.verl} {eng} --torch {c.torch} --cuda {c.cuda} --python {c.python} --platform {c.platform}"
 
 

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 from packaging.version import InvalidVersion, Version
 
+from .probe.vocab import VERSIONED_ENGINES
+
 SHELLS = ("bash", "zsh", "fish")
 
 
@@ -53,8 +55,8 @@ def selector_values(matrix_path=None) -> dict[str, list[str]]:
     except Exception:  # the metadata cannot answer offline: the declared torch values still complete
         pass
     return {"--cuda": list(m.cuda), "--python": _sorted_versions(m.python), "--torch": _sorted_versions(torch),
-            "--vllm": _sorted_versions(m.engines.get("vllm") or []),
-            "--sglang": _sorted_versions(m.engines.get("sglang") or []), "--verl": _sorted_versions(m.verl)}
+            **{f"--{e}": _sorted_versions(m.engines.get(e) or []) for e in VERSIONED_ENGINES},
+            "--verl": _sorted_versions(m.verl)}
 
 
 def _walk(parser: argparse.ArgumentParser, cmd: Command, selectors: dict[str, list[str]]) -> None:

@@ -27,6 +27,7 @@ from .lock import Locker, LockResult
 from .matrix import matrix_from_args, plan_from_args
 from .selector import add_selector_args
 from .values import Base, Combo
+from .outcome import exit_of_lock
 from .paths import templates_dir
 from .index import Metadata
 
@@ -166,7 +167,7 @@ def run(args) -> int:
             report.append({"id": c.id, "status": lock.status, "detail": lock.detail})
             if not args.json:
                 print(f"{c.id}: not rendered: {lock.status}: {' '.join(lock.detail.split())}")
-            rc = max(rc, 3 if lock.status in ("index-unreachable", "lock-error") else 1)
+            rc = max(rc, exit_of_lock(lock.status))
             continue
         r = render_combo(c, lock, base_for(c, args.base, args.base_ref), args.out)
         report.append({"id": c.id, "status": "ok", "dockerfile": str(r.dockerfile), "content_hash": r.content_hash})

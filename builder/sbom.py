@@ -14,6 +14,8 @@ import re
 import uuid
 from dataclasses import dataclass
 
+from .probe.vocab import ENGINE_SPECS
+
 PREDICATE_TYPE = "https://cyclonedx.org/bom"  # cosign's --type cyclonedx
 SPEC_VERSION = "1.5"
 _HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
@@ -116,8 +118,10 @@ def cyclonedx(image_name: str, digest_hex: str, py: list[PyPackage], debs: list[
     }
 
 
-def summary(bom: dict, keys: tuple[str, ...] = ("torch", "vllm", "sglang", "verl", "flash-attn", "ray",
-                                                    "transformers")) -> dict:
+KEY_PACKAGES = ("torch", *(e.dist for e in ENGINE_SPECS), "verl", "flash-attn", "ray")  # what verify names
+
+
+def summary(bom: dict, keys: tuple[str, ...] = KEY_PACKAGES) -> dict:
     """What `envbuild verify` prints: counts and the versions that matter."""
     py = [c for c in bom.get("components", []) if str(c.get("purl", "")).startswith("pkg:pypi/")
           and {"name": "envbuild:environment", "value": "/opt/venv"} in (c.get("properties") or [])]

@@ -205,9 +205,9 @@ def test_ray_fanout_streams_verdicts_and_retries_lost_nodes(tmp_path, images):
     # The fast image's verdict arrived, from the probe in a container, and was recorded as it came.
     fast = probes[vllm.id]
     v = fast.probe["contract"]
-    assert v["status"] in ("fail", "needs-gpu", "pass") and v["runner"]["mode"] == "image", v
-    assert v["runner"]["image"] == FAST and any(c["name"] == "import-torch" for c in v["checks"])
-    assert fast.status == ("fail" if v["status"] == "fail" else "ok") and fast.machine.get("ray_node")
+    assert v.status in ("fail", "needs-gpu", "pass") and v.runner["mode"] == "image", v
+    assert v.runner["image"] == FAST and any(c.name == "import-torch" for c in v.checks)
+    assert fast.status == ("fail" if v.status == "fail" else "ok") and fast.machine.get("ray_node")
     assert fast_seen_at is not None, "the verdict was not streamed before the run ended"
     # The slow one lost its node three times (1 + 2 retries), each on a different node: an error.
     assert kills == 3, out
@@ -235,9 +235,9 @@ def test_ci_probe_records_the_verdict_of_the_recorded_image(tmp_path, images, ru
                 "--results", results, "--levels", "contract,gpu", "--timeout", "120")
     rec = next(r for r in iter_records(results) if r.stage == "probe")
     v = rec.probe["contract"]
-    assert v["runner"]["image"] == FAST and v["status"] in ("fail", "needs-gpu", "pass")
+    assert v.runner["image"] == FAST and v.status in ("fail", "needs-gpu", "pass")
     # A failing contract level stops there: the gpu level of a broken stack is not run.
-    assert ("gpu" in rec.probe) == (v["status"] != "fail")
+    assert ("gpu" in rec.probe) == (v.status != "fail")
     assert p.returncode == (1 if rec.status == "fail" else 0), p.stdout + p.stderr
     assert f"{vllm.id}: {rec.status}" in p.stdout
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 from ..verl_config import VerlConfig
+from ..probe.vocab import ENGINE, engine_of_rollout
 from .common import (FAIL, PASS, SKIP, Options, Result, _num)
 
 
@@ -95,12 +96,13 @@ def _query_ray(addr: str, src: str, nnodes: int, per_node: int, want: str, opt: 
 
 
 def rollout_ports(cfg: VerlConfig) -> tuple[str, list[int]]:
-    """Fixed ports the rollout engine binds on each node. verl's SGLang rollout starts one engine per
-    rank at port 30000 + rank; vLLM and HF rollouts pick free ports at run time."""
+    """Fixed ports the rollout engine binds on each node (vocab.EngineSpec.ports_from: verl's SGLang
+    rollout starts one engine per rank at port 30000 + rank); the others pick free ports at run time."""
     name = str(cfg.get("actor_rollout_ref.rollout.name") or "")
-    if name.startswith("sglang"):
+    spec = ENGINE.get(engine_of_rollout(name) or "")
+    if spec is not None and spec.ports_from is not None:
         per_node = max(1, _num(cfg, "trainer.n_gpus_per_node", 1))
-        return name, list(range(30000, 30000 + per_node))
+        return name, list(range(spec.ports_from, spec.ports_from + per_node))
     return name, []
 
 

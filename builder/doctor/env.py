@@ -10,7 +10,7 @@ from pathlib import Path
 from ..verl_config import VerlConfig
 from .. import drivers, host
 from ..probe.env_level import MIN_SHM_BYTES
-from ..probe.vocab import ACCELERATORS, ENGINE, ENGINES, engine_of_rollout, variant_of
+from ..probe.vocab import ACCELERATORS, DEFAULT_ENGINE, ENGINE, ENGINES, engine_of_rollout, variant_of
 from .tablecheck import check_table
 from .common import (FAIL, PASS, SKIP, WARN, Options, Result)
 
@@ -24,7 +24,7 @@ def probe_available() -> bool:
 
 
 def check_env(cfg: VerlConfig, opt: Options) -> list[Result]:
-    name = str(cfg.get("actor_rollout_ref.rollout.name") or "vllm")
+    name = str(cfg.get("actor_rollout_ref.rollout.name") or DEFAULT_ENGINE)
     engine = engine_of_rollout(name) or name  # verl's rollout names -> the engine (vocab.ENGINE_SPECS)
     out = [run_probe(engine, opt)]
     out += check_host(out[0].details.get("verdict") or {}, opt)

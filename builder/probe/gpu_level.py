@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 from .classify import classify_exception
+from .vocab import ENGINE
 from .verdict import ERROR, FAIL, NEEDS_GPU, PASS, Verdict
 
 # |engine logprob - trainer logprob| per sampled token, trainer in fp32, hf engine. Calibrated on the
@@ -52,7 +53,7 @@ def run_gpu(v: Verdict, expect: dict, engine: str, opt: GpuOptions) -> None:
         return
     v.timings.setdefault("import_torch", round(time.perf_counter() - t0, 4))
     cuda = torch.cuda.is_available()
-    if not cuda and engine != "hf":
+    if not cuda and not ENGINE[engine].runs_on_cpu:
         v.add("gpu:device", NEEDS_GPU, f"the {engine} path needs a GPU; none is visible", "needs-gpu")
         return
     device_type = "cuda" if cuda else "cpu"

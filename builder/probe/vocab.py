@@ -23,7 +23,10 @@ PASS, FAIL, NEEDS_GPU, NOT_APPLICABLE, SKIPPED, ERROR = (
 # Environment needs: caveats, not verdicts. The stack works where the need is met (a host that can
 # reach the network, a writable home); the verdict's status ignores them and `caveats` lists them.
 NEEDS_NETWORK, NEEDS_HOME = "needs-network", "needs-writable-home"
-CAVEATS = (NEEDS_NETWORK, NEEDS_HOME)
+# Not an environment need but the same kind of word: a name missing in code that runs only for
+# versions a guard envbuild could not evaluate selects; the stack works unless that code runs.
+VERSION_GATED = "version-gated"
+CAVEATS = (NEEDS_NETWORK, NEEDS_HOME, VERSION_GATED)
 TIMEOUT = "timeout"  # a probe killed at its deadline (written by the launcher, not the probe)
 NOT_RUN = "not-run"  # a level nobody ran (a table entry, never a probe's answer)
 
@@ -78,7 +81,8 @@ class EngineSpec:
     kernels    its kernel distributions: installed in the image's kernels layer
     runtime_extras  extras that carry its runtime (and torch pin) where a release provides them
     rollout    prefixes of verl's `actor_rollout_ref.rollout.name` that select it
-    extra_index  an index beside the default one that serves its wheels (None: the default)
+    ports_from the first of the fixed ports its rollout binds per node (one per rank), None: free ports
+    runs_on_cpu  its rollout also runs without a GPU (the probe's gpu level then runs on the CPU)
     """
 
     name: str
@@ -90,7 +94,8 @@ class EngineSpec:
     kernels: frozenset[str] = frozenset()
     runtime_extras: tuple[str, ...] = ()
     rollout: tuple[str, ...] = ()
-    extra_index: str | None = None
+    ports_from: int | None = None
+    runs_on_cpu: bool = False
 
 
 ENGINE_SPECS = (
@@ -99,11 +104,12 @@ ENGINE_SPECS = (
                rollout=("vllm",)),
     EngineSpec("sglang", "SGLang", "sglang", frozenset({"sglang", "sgl_kernel", "sglang_kernel"}),
                frozenset({"sglang"}), kernels=frozenset({"sgl-kernel", "sglang-kernel"}),
-               runtime_extras=("srt",), rollout=("sglang",)),
+               runtime_extras=("srt",), rollout=("sglang",), ports_from=30000),
     # hf: transformers generate, no inference engine; transformers comes with verl.
     EngineSpec("hf", "transformers (hf)", "transformers", frozenset(), frozenset(), versioned=False,
-               rollout=("hf",)),
+               rollout=("hf",), runs_on_cpu=True),
 )
+DEFAULT_ENGINE = "vllm"  # verl's default rollout (actor_rollout_ref.rollout.name)
 ENGINE = {e.name: e for e in ENGINE_SPECS}
 ENGINES = tuple(ENGINE)
 VERSIONED_ENGINES = tuple(e.name for e in ENGINE_SPECS if e.versioned)

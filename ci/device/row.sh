@@ -1,0 +1,49 @@
+#!/bin/bash
+# Device side of judging a row in place on the lent GPU node (host side: bench/h200_rows.py).
+# The node has torch and most of the stack but no Docker and no index; a call carries at most
+# 64 MiB, and the machine keeps /tmp while it stays warm, so the row's wheelhouse travels in pieces
+# over back-to-back calls.
+#   bash ci/device/row.sh stash DIR              copy the pieces carried in DIR to /tmp/wh
+#   bash ci/device/row.sh run DIR [SELECTORS…]   stash DIR, reassemble split files, then
+#        envbuild venv (the row's lock, offline, the node's own distributions reused where they are
+#        the lock's pins) and envbuild probe --here --level gpu, recording the row in place
+# Writes into $OUT (when set): record-<row>.json, verdict.json, venv.json, probe.log, gpumem.csv.
+set -u
+mode=${1:?stash|run}; dir=${2:?carried folder}; shift 2
+wh=/tmp/wh; out=${OUT:-/tmp/row-out}; mkdir -p "$wh/files" "$wh/parts" "$out"
+cp -R "$dir"/locks "$wh"/ 2>/dev/null
+cp "$dir"/manifest.json "$wh"/ 2>/dev/null
+cp "$dir"/files/* "$wh/files"/ 2>/dev/null
+cp "$dir"/parts/* "$wh/parts"/ 2>/dev/null
+echo "stashed: $(find "$wh/files" -type f | wc -l) files, $(find "$wh/parts" -type f | wc -l) parts, $(du -sh "$wh" | cut -f1)"
+[ "$mode" = stash ] && exit 0
+
+# Split files: parts/<name>.partNN -> files/<name>; the manifest's sha256 checks every file below.
+for first in "$wh"/parts/*.part00; do
+  [ -e "$first" ] || break
+  name=$(basename "$first" .part00)
+  cat "$wh"/parts/"$name".part[0-9]* > "$wh/files/$name"  # the glob sorts: part00, part01, ...
+done
+# envbuild from this working tree: the package lives in builder/, imported as envbuild.
+mkdir -p /tmp/eb && ln -sfn "$PWD/builder" /tmp/eb/envbuild
+export PYTHONPATH=/tmp/eb PYTHONUNBUFFERED=1 ENVBUILD_CACHE=/tmp/eb-cache
+venv=/tmp/row-venv; rm -rf "$venv" /tmp/results
+t0=$(date +%s.%N)
+python3 -m envbuild venv "$@" --wheelhouse "$wh" --out "$venv" --host-packages --results /tmp/results --json \
+  > "$out/venv.json" 2> "$out/venv.err"
+rc=$?
+t1=$(date +%s.%N)
+cat "$out/venv.err"
+if [ $rc != 0 ]; then
+  for f in /tmp/results/records/*/*.json; do [ -e "$f" ] && cp "$f" "$out/record-$(basename "$(dirname "$f")").json"; done
+  echo "envbuild venv exit $rc"; exit "$rc"
+fi
+nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader,nounits -lms 200 > "$out/gpumem.csv" &
+smi=$!
+python3 -m envbuild probe --here --python-exe "$venv/bin/python" --level gpu --results /tmp/results \
+  --output "$out/verdict.json" 2>&1 | tee "$out/probe.log"
+rc=${PIPESTATUS[0]}
+kill $smi 2>/dev/null
+for f in /tmp/results/records/*/*.json; do cp "$f" "$out/record-$(basename "$(dirname "$f")").json"; done
+echo "venv $(python3 -c "print(round($t1 - $t0, 1))") s; probe exit $rc; peak nvidia-smi memory.used MiB: $(cut -d, -f2 "$out/gpumem.csv" | sort -n | tail -1)"
+exit "$rc"
