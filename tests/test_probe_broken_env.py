@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import shutil
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -167,3 +168,46 @@ def test_probe_reports_broken_environment(broken_site):
     c = checks["pip-check"]
     assert c["status"] == "fail" and "envbuild-nonexistent-dependency" in c["detail"]
     assert v["runner"]["mode"] == "here" and v["runner"]["exit_code"] == 1
+
+
+def test_only_the_installed_torchs_library_variant_is_read(tmp_path):
+    """A package that ships one library per torch release loads the installed torch's only
+    (issue 26, class 13): the others are never loaded and not checked; the loaded one is."""
+    tv = md.version("torch")
+    mine = "torch{}{}".format(*tv.split(".")[:2])
+    site = tmp_path / "site"
+    (site / "perminor").mkdir(parents=True)
+    files = []
+    for tag in (mine, "torch24", "torch25"):
+        _gxx(site / "perminor" / f"libaddon_{tag}-cpu.so", BAD_CPP)
+        files.append(f"perminor/libaddon_{tag}-cpu.so")
+    dist = md.PathDistribution(_dist(site, "perminor", files, ["torch"]))
+    rep = check_extensions([dist], installed=[dist])
+    assert rep.scanned == {"perminor": 1}
+    assert [(p.kind, p.file) for p in rep.problems] == [("undefined-symbol", f"perminor/libaddon_{mine}-cpu.so")]
+    assert rep.other_torch == {"perminor": ["perminor/libaddon_torch24-cpu.so", "perminor/libaddon_torch25-cpu.so"]}
+
+
+def test_torch_variant_names():
+    from envbuild.probe.extcheck import torch_variants
+    paths = ["/s/p/libx_torch27-cuda.so", "/s/p/libx_torch28-cuda.so", "/s/p/libx_torch2.11-cuda.so",
+             "/s/p/_C.so", "/s/q/libtorch_cuda.so", "/s/r/only_torch26.so"]
+    kept, skipped = torch_variants(paths, "2.11.0+cu130")
+    assert kept == ["/s/p/_C.so", "/s/q/libtorch_cuda.so", "/s/p/libx_torch2.11-cuda.so", "/s/r/only_torch26.so"]
+    assert skipped == ["/s/p/libx_torch27-cuda.so", "/s/p/libx_torch28-cuda.so"]
+    assert torch_variants(paths, None) == (paths, [])
+
+
+@pytest.mark.network
+def test_real_per_torch_release_package(tmp_path):
+    """torch_c_dlpack_ext 0.1.5 ships libtorch_c_dlpack_addon_torch24…29-{cpu,cuda}.so. On the H200
+    node (torch 2.11) its torch24 libraries were reported as undefined c10 symbols."""
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check",
+                    "--target", str(tmp_path), "torch_c_dlpack_ext==0.1.5"], check=True, timeout=600)
+    dist = next(md.distributions(path=[str(tmp_path)]))
+    rep = check_extensions([dist], installed=[dist])
+    tv = "torch{}{}".format(*md.version("torch").split(".")[:2])
+    loaded = [f for f in (dist.files or ()) if tv in f.name and f.name.endswith(".so")]
+    name = dist.metadata["Name"]
+    assert len(rep.other_torch[name]) == 12 - len(loaded) and rep.scanned[name] == len(loaded)
+    assert [p for p in rep.problems if p.kind == "undefined-symbol"] == []

@@ -18,6 +18,10 @@ CASES = [
     ("RuntimeError: Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU and installed "
      "a driver from http://www.nvidia.com/Download/index.aspx", "vllm", "needs-gpu", "needs-gpu", "driver"),
     ("RuntimeError: Device string must not be empty", "vllm", "needs-gpu", "needs-gpu", "GPU"),
+    # sgl-kernel on a host without a GPU (issue 26, class 13): it picks common_ops by the GPU it sees
+    ("ImportError: \n[sgl_kernel] CRITICAL: Could not load any common_ops library!\n\nAttempted locations:\n"
+     "1. Architecture-specific pattern: /opt/venv/lib/python3.12/site-packages/sgl_kernel/sm100/common_ops.* "
+     "- found files: []", "sglang", "needs-gpu", "needs-gpu", "no GPU"),
     ("ImportError: /lib/x86_64-linux-gnu/libc.so.6: version `GLIBC_2.35' not found (required by "
      "/opt/venv/lib/python3.11/site-packages/vllm/_C.abi3.so)", "vllm", "fail", "glibc-too-old", "GLIBC_2.35"),
     ("ModuleNotFoundError: No module named 'sglang'", "vllm", "not-applicable", "other-engine", "sglang"),

@@ -56,6 +56,9 @@ def classify_message(text: str, engine: str | None = None) -> Classified:
         (r"Torch not compiled with CUDA enabled", "torch has no CUDA (CPU build)"),
         (r"NVML Shared Library Not Found|libnvidia-ml\.so(?:\.1)?: cannot open", "NVML (driver) not found"),
         (r"cudaGetDeviceCount|CUDA_ERROR_NO_DEVICE|no CUDA-capable device is detected", "no CUDA device"),
+        # sgl-kernel picks its common_ops build by the GPU it sees; with none it loads none. (On a
+        # GPU it cannot serve, the gpu level fails it: needs-gpu decides nothing.)
+        (r"Could not load any common_ops library", "kernel package found no GPU to pick its library for"),
     ):
         if re.search(pat, t):
             return Classified(NEEDS_GPU, "needs-gpu", why)

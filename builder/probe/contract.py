@@ -18,10 +18,12 @@ from .envguard import guard
 from .ownership import applies, owner, verl_extras
 from .staticimports import ModuleIndex, check_module
 from .verdict import FAIL, NEEDS_GPU, NEEDS_HOME, NEEDS_NETWORK, NOT_APPLICABLE, PASS, Verdict
-from .vocab import ENGINE, ENGINE_SPECS
+from .vocab import ENGINE, ENGINE_SPECS, VERSION_GATED
 
-# verl folders whose modules touch the rollout engine (discovered by name, not listed by hand).
+# verl folders whose modules touch the rollout engine (discovered by name, not listed by hand),
+# and verl's patches of transformers' models (where transformers drift breaks first).
 ENGINE_FACING = ("rollout", "sharding_manager")
+FACING_PATHS = (("models", "transformers"),)
 
 
 def gpu_present() -> bool:
@@ -33,8 +35,9 @@ def gpu_present() -> bool:
 
 
 def discover_verl_modules(root: str | None = None) -> list[str] | None:
-    """Every module under a verl folder named *rollout* or *sharding_manager*, found on disk
-    without importing verl (its __init__ may be what is broken)."""
+    """Every module under a verl folder named *rollout* or *sharding_manager*, or under
+    verl/models/transformers, found on disk without importing verl (its __init__ may be what is
+    broken)."""
     if root is None:
         spec = importlib.util.find_spec("verl")
         if spec is None or not spec.submodule_search_locations:
@@ -45,7 +48,8 @@ def discover_verl_modules(root: str | None = None) -> list[str] | None:
         dirnames[:] = sorted(d for d in dirnames if d != "__pycache__" and not d.startswith("."))
         rel = os.path.relpath(dirpath, root)
         parts = [] if rel == "." else rel.split(os.sep)
-        if not any(any(key in p for key in ENGINE_FACING) for p in parts):
+        if not any(any(key in p for key in ENGINE_FACING) for p in parts) and \
+                not any(tuple(parts[:len(fp)]) == fp for fp in FACING_PATHS):
             continue
         if "__init__.py" not in filenames:
             continue  # not a package: never imported by verl
@@ -211,6 +215,8 @@ def run_contract(v: Verdict, expect: dict, engine: str, background: "Background 
             detail += f"; from the driver at run time: {', '.join(sorted(rep.driver_libs))}"
         if rep.optional_missing:
             detail += f"; optional plugins' libraries absent: {', '.join(sorted(rep.optional_missing))}"
+        for dist, files in sorted(rep.other_torch.items()):
+            detail += f"; {dist}: {len(files)} libraries built for other torch releases, never loaded, not read"
         v.add("native-extensions", PASS, detail, seconds=bg.ext_seconds)
 
 
@@ -229,6 +235,10 @@ def _static_checks(v: Verdict, static: dict) -> None:
             line = (f"{f['file']}:{f['line']} {'(in a function) ' if f['function'] else ''}"
                     f"from {f['module']} import {f['name']}: {f['where']}" if f["name"] else
                     f"{f['file']}:{f['line']} import {f['module']}: {f['where']}")
+            if f.get("gated"):
+                v.caveat(VERSION_GATED, f"static:{mod}", mod, f"{line} (only runs behind a version guard "
+                         "envbuild could not evaluate)")
+                continue
             lines.append(line)
             if f["function"] or not decided or imp.status == FAIL:
                 failing.append(line)
@@ -239,14 +249,18 @@ def _static_checks(v: Verdict, static: dict) -> None:
         elif lines:
             v.add(f"static:{mod}", PASS, f"import check judged it ({imp.status}); static: " + "; ".join(lines[:5]))
         else:
-            v.add(f"static:{mod}", PASS, f"{res['checked']} imports of {', '.join(static['targets'])} resolve")
+            skipped = res.get("unreachable") or []
+            v.add(f"static:{mod}", PASS, f"{res['checked']} imports of {', '.join(static['targets'])} resolve"
+                  + (f"; {len(skipped)} in code the installed versions never run not read "
+                     f"({', '.join(skipped[:3])})" if skipped else ""))
 
 
 def static_report(engine: str, paths: list[str] | None = None) -> dict:
     """Ownership of verl's modules and the static import contract of this engine's ones
     (standard library only; run by a child process while the parent imports)."""
     t0 = time.perf_counter()
-    index = ModuleIndex(paths)
+    # Version guards over any engine's, torch's or transformers' version are evaluated.
+    index = ModuleIndex(paths, known={m for e in ENGINE_SPECS for m in e.modules | {e.dist}} | {"torch"})
     loc = index.find("verl")
     if loc is None or loc.kind != "package":
         return {"owners": {}, "static": {}, "targets": [], "seconds": 0.0}
@@ -258,8 +272,9 @@ def static_report(engine: str, paths: list[str] | None = None) -> dict:
     spec = ENGINE[engine]
     engine_version = _dist_version(spec.dist) if spec.versioned else None
     facing = set(discover_verl_modules(loc.dirs[0]) or [])
-    # The engine's own modules (transformers is hf's engine), and torch, are what verl's are read against.
-    targets = sorted(set(spec.modules) | {"torch"} | ({spec.dist} if not spec.versioned else set()))
+    # The engine's own modules, torch and transformers (every stack's; hf's engine) are what
+    # verl's are read against.
+    targets = sorted(set(spec.modules) | {"torch", "transformers"})
     owners, static = {}, {}
     needles = sorted({t.encode() for e in ENGINE_SPECS for t in e.modules | e.tokens})
     for mod in _all_modules(loc.dirs[0]):
@@ -271,9 +286,11 @@ def static_report(engine: str, paths: list[str] | None = None) -> dict:
             owners[mod] = {"engines": sorted(o.engines), "backends": sorted(o.backends), "why": o.why,
                            "judged": judged, "cause": cause, "detail": detail}
         if judged and (mod in facing or engine in o.engines):
+            before = len(index.unreachable)
             r = check_module(index, mod, set(targets))
             if r is not None:
-                static[mod] = {"checked": r[1], "findings": [asdict(f) for f in r[0]]}
+                static[mod] = {"checked": r[1], "findings": [asdict(f) for f in r[0]],
+                               "unreachable": index.unreachable[before:]}
     return {"owners": owners, "static": static, "targets": targets, "seconds": round(time.perf_counter() - t0, 4)}
 
 
@@ -369,7 +386,7 @@ class Background:
         if isinstance(got, dict) and "scanned" in got:
             self.ext_seconds = got.get("seconds", 0.0)
             return ExtReport(got["scanned"], [ExtProblem(**p) for p in got["problems"]],
-                             set(got["driver_libs"]), set(got["optional_missing"]))
+                             set(got["driver_libs"]), set(got["optional_missing"]), got.get("other_torch") or {})
         rep = check_extensions()
         self.ext_seconds = round(time.perf_counter() - t0, 4)
         return rep

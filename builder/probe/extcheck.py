@@ -16,10 +16,12 @@ import sys
 from dataclasses import dataclass, field
 
 from .elfsyms import NotElf, demangle, is_torch_symbol, read_elf, version_key
+from .vocab import ENGINE_SPECS
 
-# Distributions always scanned when installed, besides any that requires torch.
-KNOWN_NATIVE = ("vllm", "sglang", "sgl-kernel", "sglang-kernel", "flash-attn", "flash_attn_3",
-                "flashinfer-python", "xformers", "vllm-flash-attn", "deep-gemm", "torchvision", "torchaudio")
+# Distributions always scanned when installed, besides any that requires torch: every engine's
+# own and its kernels (vocab.ENGINE_SPECS), and the other native extensions stacks carry.
+KNOWN_NATIVE = tuple(sorted({e.dist for e in ENGINE_SPECS if e.versioned} | {k for e in ENGINE_SPECS for k in e.kernels}
+                            | {"flash-attn", "flash_attn_3", "xformers", "deep-gemm", "torchvision", "torchaudio"}))
 DRIVER_LIBS = re.compile(r"^lib(cuda|nvidia-ml|nvidia-\w+)\.so")
 CUDA_LIBS = re.compile(r"^lib(cudart|cublas|cublasLt|cudnn\w*|nccl|nvrtc|cufft|curand|cusparse\w*|cusolver|"
                        r"nvJitLink|nvToolsExt|cupti|cufile|nvshmem\w*|cuda\w+)\.so")
@@ -38,12 +40,46 @@ class ExtProblem:
     what: str
 
 
+# A library built for one torch release, named for it (torch_c_dlpack_ext ships
+# libtorch_c_dlpack_addon_torch27-cuda.so beside ...torch28...; the package loads the one for the
+# torch it finds): `torch27`, `torch2.7`, `torch-2.7`.
+TORCH_TAG = re.compile(r"torch[-_.]?(\d)[._]?(\d{1,2})(?![0-9])")
+
+
+def torch_variants(paths: list[str], torch_version: str | None) -> tuple[list[str], list[str]]:
+    """(loaded, never loaded): a package that ships one library per torch release loads only the
+    installed torch's; the others are never loaded and not checked. Files named for no torch
+    release, and packages with a single such file, are all kept."""
+    mm = re.match(r"(\d+)\.(\d+)", torch_version or "")
+    groups: dict[str, list[tuple[str, str]]] = {}
+    plain = []
+    for p in paths:
+        base = os.path.basename(p)
+        m = TORCH_TAG.search(base)
+        if not m or not mm:
+            plain.append(p)
+            continue
+        key = os.path.join(os.path.dirname(p), base[:m.start()] + "{}" + base[m.end():])
+        groups.setdefault(key, []).append((f"{m.group(1)}.{int(m.group(2))}", p))
+    kept, skipped = list(plain), []
+    want = f"{mm.group(1)}.{int(mm.group(2))}" if mm else ""
+    for members in groups.values():
+        if len({v for v, _ in members}) < 2:
+            kept += [p for _, p in members]
+            continue
+        kept += [p for v, p in members if v == want]
+        skipped += [p for v, p in members if v != want]
+    return kept, skipped
+
+
 @dataclass
 class ExtReport:
     scanned: dict[str, int] = field(default_factory=dict)  # dist -> number of .so files
     problems: list[ExtProblem] = field(default_factory=list)
     driver_libs: set[str] = field(default_factory=set)  # provided by the NVIDIA driver at run time
     optional_missing: set[str] = field(default_factory=set)
+    # dist -> libraries built for other torch releases, never loaded with the installed one
+    other_torch: dict[str, list[str]] = field(default_factory=dict)
 
 
 def _is_so(path: str) -> bool:
@@ -150,9 +186,15 @@ def check_extensions(dists: list[md.Distribution] | None = None,
     loaded = loaded | shipped_libs(installed if installed is not None else md.distributions())
     glibc = _glibc()
     missing_syms: list[tuple[str, str, str]] = []
+    try:
+        torch_version = md.version("torch")
+    except md.PackageNotFoundError:
+        torch_version = None
     for d in dists if dists is not None else native_dists():
         name = d.metadata["Name"]
-        sos = [p for p in _dist_files(d) if os.path.isfile(p)]
+        sos, other = torch_variants([p for p in _dist_files(d) if os.path.isfile(p)], torch_version)
+        if other:
+            rep.other_torch[name] = sorted(os.path.relpath(p, str(d.locate_file(""))) for p in other)
         infos = []
         for p in sos:
             try:

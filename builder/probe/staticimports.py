@@ -16,6 +16,8 @@ import re
 import sys
 from dataclasses import dataclass, field
 
+from .gates import DEAD, GATED, LIVE, NOT_A_GUARD, Guards, installed_versions, reachability, terminates
+
 EXT_SUFFIX = re.compile(r"^(?P<name>[A-Za-z_]\w*)(?:\.[\w\-]+)?\.(?:so|pyd)$")
 
 
@@ -34,6 +36,8 @@ class ImportRef:
     name: str | None  # `from module import name`; None for `import module`
     function: bool  # inside a function body: runs when verl calls it, not at import
     conditional: bool  # under if/else or try/except ImportError: an alternative may be taken
+    state: int = LIVE  # gates: LIVE, GATED (behind a version guard not evaluated) or DEAD
+    owner: str | None = None  # the top-level function it sits in (its reachability counts too)
 
 
 @dataclass
@@ -43,6 +47,8 @@ class Summary:
     all_: list[str] | None = None
     lazy: bool = False  # module __getattr__, globals() rewriting: any name may exist
     imports: list[ImportRef] = field(default_factory=list)
+    functions: set[str] = field(default_factory=set)  # top-level functions
+    uses: list[tuple[str, int, str | None]] = field(default_factory=list)  # (function, state, owner)
 
 
 @dataclass
@@ -53,16 +59,21 @@ class Finding:
     name: str | None
     function: bool
     where: str  # the target side: what is (not) there, file and line where known
+    gated: bool = False  # in code that runs only for versions no guard here decides: a caveat
 
 
 class ModuleIndex:
     """Finds modules on a list of folders (sys.path-like) without importing anything."""
 
-    def __init__(self, paths: list[str] | None = None):
+    def __init__(self, paths: list[str] | None = None, known: set[str] = frozenset()):
+        """`known`: the packages whose version guards in the code read are evaluated."""
         self.paths = [p for p in (paths if paths is not None else sys.path) if p and os.path.isdir(p)]
+        self.known = set(known)
+        self.version = installed_versions(self.paths if paths is not None else None)
         _ROOTS[:] = self.paths
         self._found: dict[str, Located | None] = {}
         self._summary: dict[str, Summary | None] = {}
+        self.unreachable: list[str] = []  # file:line of imports in code the installed versions never run
 
     # -- finding files
     def find(self, dotted: str) -> Located | None:
@@ -110,7 +121,8 @@ class ModuleIndex:
         loc = self.find(dotted)
         s = None
         if loc is not None and loc.kind in ("package", "module"):
-            s = summarize(loc.path, dotted, loc.kind == "package")
+            s = summarize(loc.path, dotted, loc.kind == "package",
+                          (lambda tree: Guards(tree, self.version, self.known)) if self.known else None)
         self._summary[dotted] = s
         return s
 
@@ -184,49 +196,67 @@ def _targets(node) -> list[str]:
     return []
 
 
-def summarize(path: str, dotted: str, is_pkg: bool) -> Summary | None:
+def summarize(path: str, dotted: str, is_pkg: bool, guards=None) -> Summary | None:
+    """What a module binds and imports. `guards(tree)` makes a gates.Guards for it: with one,
+    version-guarded branches are evaluated (a decided branch is live or dead, not conditional) and
+    each import and each use of a top-level function carries the state of the code it sits in."""
     try:
         with open(path, "rb") as f:
             tree = ast.parse(f.read(), filename=path)
     except (OSError, SyntaxError, ValueError):
         return None
     s = Summary()
+    g = guards(tree) if guards else None
+    s.functions = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
-    def visit(body, function: bool, conditional: bool, top: bool):
+    def visit(body, function: bool, conditional: bool, top: bool, state: int = LIVE, owner: str | None = None):
         for node in body:
+            _uses(node, state, owner)
             if isinstance(node, (ast.Import, ast.ImportFrom)):
-                _imports(node, function, conditional, top)
+                _imports(node, function, conditional, top, state, owner)
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 if top:
                     s.names.add(node.name)
                     if node.name == "__getattr__":
                         s.lazy = True
-                visit(node.body, True, conditional, False)
+                visit(node.body, True, conditional, False, state, owner or (node.name if top else None))
             elif isinstance(node, ast.ClassDef):
                 if top:
                     s.names.add(node.name)
-                visit(node.body, function, conditional, False)
+                visit(node.body, function, conditional, False, state, owner)
             elif isinstance(node, ast.If):
+                decided = g.test(node.test) if g else NOT_A_GUARD
+                if isinstance(decided, bool):
+                    # A version guard decided for the installed versions: one branch runs as the
+                    # code around it does, the other never.
+                    visit(node.body, function, conditional, top, state if decided else DEAD, owner)
+                    visit(node.orelse, function, conditional, top, DEAD if decided else state, owner)
+                    if terminates(node.body if decided else node.orelse):
+                        state = DEAD  # `if new: return …` — what follows is for the other versions
+                    continue
                 # Both branches (TYPE_CHECKING ones too): a name bound in any of them is not
                 # certainly absent, and an import under a condition may have an alternative.
-                visit(node.body, function, True, top)
-                visit(node.orelse, function, True, top)
+                inner = max(state, GATED) if decided is None else state
+                visit(node.body, function, True, top, inner, owner)
+                visit(node.orelse, function, True, top, inner, owner)
+                if decided is None and (terminates(node.body) or terminates(node.orelse)):
+                    state = max(state, GATED)
             elif isinstance(node, ast.Try) or type(node).__name__ == "TryStar":
                 guarded = _catches_import_error(node)
-                visit(node.body, function, conditional or guarded, top)
+                visit(node.body, function, conditional or guarded, top, state, owner)
                 for h in node.handlers:
                     if top and h.name:
                         s.names.add(h.name)
-                    visit(h.body, function, True, top)
-                visit(node.orelse, function, conditional or guarded, top)
-                visit(node.finalbody, function, conditional, top)
+                    visit(h.body, function, True, top, state, owner)
+                visit(node.orelse, function, conditional or guarded, top, state, owner)
+                visit(node.finalbody, function, conditional, top, state, owner)
             elif isinstance(node, (ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith)):
                 if top:
                     for t in ([node.target] if isinstance(node, (ast.For, ast.AsyncFor)) else
                               [i.optional_vars for i in getattr(node, "items", []) if i.optional_vars]):
                         s.names.update(_targets(t))
-                visit(node.body, function, conditional, top)
-                visit(getattr(node, "orelse", []), function, conditional, top)
+                visit(node.body, function, conditional, top, state, owner)
+                visit(getattr(node, "orelse", []), function, conditional, top, state, owner)
             elif top and isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
                 tgts = node.targets if isinstance(node, ast.Assign) else [node.target]
                 for t in tgts:
@@ -236,9 +266,19 @@ def summarize(path: str, dotted: str, is_pkg: bool) -> Summary | None:
             if top and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 _dynamic(node)
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                for g in ast.walk(node):
-                    if isinstance(g, ast.Global):
-                        s.names.update(g.names)
+                for gl in ast.walk(node):
+                    if isinstance(gl, ast.Global):
+                        s.names.update(gl.names)
+
+    def _uses(node, state: int, owner: str | None):
+        # Loads of the module's own functions in this statement's own expressions (nested
+        # blocks are visited with their own state).
+        if not s.functions:
+            return
+        for e in _own_exprs(node):
+            for n in ast.walk(e):
+                if isinstance(n, ast.Name) and n.id in s.functions and isinstance(n.ctx, ast.Load):
+                    s.uses.append((n.id, state, owner))
 
     def _dynamic(node):
         # globals().update(...) / exec(...) at module level bind names the tree does not show
@@ -246,10 +286,10 @@ def summarize(path: str, dotted: str, is_pkg: bool) -> Summary | None:
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("globals", "exec"):
                 s.lazy = True
 
-    def _imports(node, function: bool, conditional: bool, top: bool):
+    def _imports(node, function: bool, conditional: bool, top: bool, state: int, owner: str | None):
         if isinstance(node, ast.Import):
             for a in node.names:
-                s.imports.append(ImportRef(node.lineno, a.name, None, function, conditional))
+                s.imports.append(ImportRef(node.lineno, a.name, None, function, conditional, state, owner))
                 if top:
                     s.names.add(a.asname or a.name.split(".")[0])
             return
@@ -261,12 +301,22 @@ def summarize(path: str, dotted: str, is_pkg: bool) -> Summary | None:
                 if top:
                     s.stars.append(mod)
                 continue
-            s.imports.append(ImportRef(node.lineno, mod, a.name, function, conditional))
+            s.imports.append(ImportRef(node.lineno, mod, a.name, function, conditional, state, owner))
             if top:
                 s.names.add(a.asname or a.name)
 
     visit(tree.body, False, False, True)
     return s
+
+
+_BLOCKS = ("body", "orelse", "finalbody", "handlers", "cases")
+
+
+def _own_exprs(node) -> list:
+    """A statement's expressions outside its nested blocks (tests, iterables, decorators, ...)."""
+    return [v for f, v in ast.iter_fields(node) if f not in _BLOCKS and isinstance(v, ast.AST)] + \
+        [x for f, v in ast.iter_fields(node) if f not in _BLOCKS and isinstance(v, list)
+         for x in v if isinstance(x, ast.AST)]
 
 
 def _literal_strings(node) -> list[str] | None:
@@ -290,22 +340,46 @@ def _rel(path: str) -> str:
 
 
 def check_module(index: ModuleIndex, dotted: str, tops: set[str]) -> tuple[list[Finding], int] | None:
-    """Unconditional imports of `dotted` that target the top-level packages `tops` and are absent.
-    Returns (findings, number of names checked), or None when the module is not on disk."""
+    """Unconditional imports of `dotted` that target the top-level packages `tops` and are absent,
+    in code the installed versions can run. Returns (findings, number of names checked), or None
+    when the module is not on disk. Code that runs only for other versions is not read (counted in
+    `index.unreachable`); a miss in code behind a version guard not evaluated is a gated finding."""
     loc = index.find(dotted)
     s = index.summary(dotted)
     if loc is None or s is None:
         return None
+    reach = _reach(index, s, loc)
     out, checked = [], 0
     for ref in s.imports:
         top = ref.module.split(".")[0]
         if top not in tops or ref.conditional or index.find(top) is None:
             continue  # (a target not installed at all is the env level's finding, not drift)
+        state = max(ref.state, reach.get(ref.owner, LIVE) if ref.owner else LIVE)
+        if state == DEAD:
+            key = f"{_rel(loc.path)}:{ref.line}"
+            if key not in index.unreachable[-3:]:  # one per statement, not per imported name
+                index.unreachable.append(key)
+            continue
         checked += 1
         where = _missing(index, ref)
         if where:
-            out.append(Finding(_rel(loc.path), ref.line, ref.module, ref.name, ref.function, where))
+            out.append(Finding(_rel(loc.path), ref.line, ref.module, ref.name, ref.function, where,
+                               gated=state == GATED))
     return out, checked
+
+
+def _reach(index: ModuleIndex, s: Summary, loc: Located) -> dict[str, int]:
+    if not any(st != LIVE for _, st, _ in s.uses):
+        return {}
+    top = loc.dotted.split(".")[0]
+    root = index.find(top)
+    others = [text for p, text in _sources(root.dirs[0]) if p != loc.path] if root and root.dirs else []
+    names = set(s.all_ or [])
+
+    def exported(fn: str) -> bool:
+        pat = re.compile(rf"\b{re.escape(fn)}\b")
+        return fn in names or any(fn in t and pat.search(t) for t in others)
+    return reachability(s.functions, s.uses, exported)
 
 
 def _missing(index: ModuleIndex, ref: ImportRef) -> str | None:

@@ -30,7 +30,8 @@ def main(argv: list[str]) -> int:
     elif job == "ext":
         rep = check_extensions()
         out = {"scanned": rep.scanned, "problems": [asdict(p) for p in rep.problems],
-               "driver_libs": sorted(rep.driver_libs), "optional_missing": sorted(rep.optional_missing)}
+               "driver_libs": sorted(rep.driver_libs), "optional_missing": sorted(rep.optional_missing),
+               "other_torch": rep.other_torch}
     else:
         print(f"unknown job {job!r}", file=sys.stderr)
         return 2
