@@ -87,7 +87,7 @@ def main(argv=None) -> int:
     from envbuild.paths import default_matrix
 
     engine = detect()
-    base = bootstrap(engine, log=lambda s: print(s, file=sys.stderr)).ref
+    bootstrap(engine, log=lambda s: print(s, file=sys.stderr))  # the base both sides build on
     meta = Metadata()
     m = load_matrix(default_matrix())
     combo = plan(m, Selectors(cuda=args.cuda, engine="vllm", engine_version=args.vllm, verl=args.verl), meta).combos[0]

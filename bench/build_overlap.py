@@ -137,9 +137,7 @@ def build_run(label: str, rev: str, shim: Path, sel: list[str], port: int, work:
 def base_lock(sel: list[str], work: Path) -> dict:
     """A cold lock and a fresh debootstrap: one after the other, then overlapped (BaseFutures)."""
     from envbuild import build as B
-    from envbuild import buildlog as BL
     from envbuild import pipeline as PL
-    from envbuild import progress as PR
     from envbuild.base import bootstrap
     from envbuild.docker import detect
     from envbuild.index import Metadata

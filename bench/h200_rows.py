@@ -121,8 +121,10 @@ def record(args) -> int:
                     "timings": v.get("timings"), "checks": [(c["name"], c["status"]) for c in v.get("checks", [])],
                     "peak_gpu_mem_bytes": v.get("peak_gpu_mem"), "nvidia_smi_peak_mib": max(mem) if mem else None,
                     "venv": {k: venv.get(k) for k in ("installed", "reused", "seconds", "check", "linked_files")},
-                    "carried": (plan.get("rows") or {}).get(cid), "calls": len(plan.get("calls") or []),
-                    "carried_bytes": plan.get("carried_bytes")}
+                    "carried": None, "calls": None, "carried_bytes": None}
+        if cid in (plan.get("rows") or {}):  # the plan of the last `prepare` is this row's
+            evidence.update(carried=plan["rows"][cid], calls=len(plan.get("calls") or []),
+                            carried_bytes=plan.get("carried_bytes"))
         (out / f"{cid}.json").write_text(json.dumps(evidence, indent=1, sort_keys=True) + "\n")
         t = evidence["timings"] or {}
         print(f"{cid}: {doc['status']}" + (f" ({doc.get('cause')})" if doc.get("cause") else ""))

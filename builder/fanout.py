@@ -287,7 +287,9 @@ def add_ray_arguments(p) -> None:
     g = p.add_argument_group("Ray fan-out (--ray) and selectors")
     g.add_argument("--ray", metavar="ADDRESS",
                    help="probe the selected combinations' images on this Ray cluster, one GPU task per image")
-    g.add_argument("--results", default="results", help="results folder: images to probe, records written (default ./results)")
+    g.add_argument("--results", default=None, help="results folder: with --ray, the images to probe and the records "
+                                                  "written (default ./results); with --here, where a materialized "
+                                                  "row's in-place record goes (envbuild venv)")
     g.add_argument("--retries", type=int, default=DEFAULT_RETRIES,
                    help=f"retries on another node when a node or worker is lost (default {DEFAULT_RETRIES})")
     add_selector_args(g)

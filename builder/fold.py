@@ -20,6 +20,7 @@ from __future__ import annotations
 from . import drivers
 from .fsutil import safe_name
 from .outcome import Check, Verdict
+from .record import is_in_place
 from .row import Combo, Entry, Failure, HistoryEntry, Image, Row, parse_pinned
 from .probe.vocab import ERROR, FAIL, LEVELS, NEEDS_GPU, PASS, TIMEOUT, is_decisive, is_failing, levels_upto
 
@@ -161,7 +162,14 @@ def fold_combo(records: list) -> Row:
     history = []
     id_to_digest = {r.image["id"]: _image_key(r.image) for r in recs
                     if r.image and r.image.get("id") and parse_pinned(r.image.get("digest"))}
+    # The row's lock on a node, no image: folded apart; only runs of the row's current lock count
+    # (an older lock's in-place verdicts stay in the history).
+    places = [r for r in recs if is_in_place(r) and r.lock_hash == recs[-1].lock_hash]
     for r in recs:
+        if is_in_place(r):
+            history.append(HistoryEntry(r.run_id, r.created, r.stage, r.status, r.cause, "in place",
+                                        {lv: v.status for lv, v in _expanded(r).items()}, r.machine.get("gpu")))
+            continue
         key = _image_key(r.image, id_to_digest)
         if key is not None and (parse_pinned(r.image.get("digest")) or key not in images):
             images[key] = r.image  # the newest record that names the image's digest describes it
@@ -169,9 +177,7 @@ def fold_combo(records: list) -> Row:
         hist_levels = {}
         # Expand each verdict to the levels it covers; a verdict keyed at a level itself wins
         # over what a higher-level verdict of the same run implies about that level.
-        expanded: dict[str, Verdict] = {}
-        for pkey, v in sorted(r.probe.items(), key=lambda kv: -LEVELS.index(kv[0]) if kv[0] in LEVELS else 1):
-            expanded.update(expand_verdict(pkey, v))
+        expanded = _expanded(r)
         for level in LEVELS:
             if level not in expanded:
                 continue
@@ -217,10 +223,66 @@ def fold_combo(records: list) -> Row:
         slot = per_image.get(row_key, {}).get(level, {})
         levels[level] = slot.get("decisive") or slot.get("undecided") or Entry("not-run")
     status, best = _row_status(levels, build, pinned, image is not None)
+    failure = _failure(status, levels, build)
+    in_place = _in_place(places)
+    if in_place.get("status") == "broken" and status != "broken":
+        # The same lock failed on a GPU node: the stack is broken, whatever its image says.
+        f = in_place["failure"]
+        status, failure = "broken", Failure(f["level"], f["cause"], f"in place: {f['detail']}")
     return Row(id=cid, combo=Combo.from_dict(combo), image=image, build=build, levels=levels,
-               best_level=best, status=status, failure=_failure(status, levels, build),
+               best_level=best, status=status, failure=failure,
                lock_hash=recs[-1].lock_hash, base=recs[-1].base, history=list(reversed(history)),
-               versions=versions, hardware=hardware, notes=_notes(combo, recs[-1]))
+               versions=versions, hardware=hardware, notes=_notes(combo, recs[-1]), in_place=in_place)
+
+
+def _expanded(r) -> dict[str, Verdict]:
+    """A record's verdicts, each expanded to the levels it covers; a verdict keyed at a level itself
+    wins over what a higher-level verdict of the same run implies about that level."""
+    out: dict[str, Verdict] = {}
+    for pkey, v in sorted(r.probe.items(), key=lambda kv: -LEVELS.index(kv[0]) if kv[0] in LEVELS else 1):
+        out.update(expand_verdict(pkey, v))
+    return out
+
+
+def _in_place(places: list) -> dict:
+    """What the row's lock did on nodes without an image (envbuild venv + probe --here): per level
+    the newest verdict (a decisive one wins over a later undecided one, as for images), its status
+    and best level by the same rule, and the node it ran on. An in-place verdict is about the stack,
+    not an image digest: it never makes an image pickable, and a failure fails the row."""
+    if not places:
+        return {}
+    slots: dict[str, dict] = {}
+    decider = places[-1]
+    for r in places:  # oldest first
+        for level, v in _expanded(r).items():
+            e = _level_entry(r, level, v)
+            if is_decisive(e.status):
+                slots.setdefault(level, {})["decisive"] = e
+                decider = r
+            else:
+                slots.setdefault(level, {})["undecided"] = e
+    levels = {lv: (slots.get(lv, {}).get("decisive") or slots.get(lv, {}).get("undecided") or Entry("not-run"))
+              for lv in LEVELS}
+    best = None
+    for lv in LEVELS:
+        if levels[lv].status != PASS:
+            break
+        best = lv
+    failed = [lv for lv in LEVELS if is_failing(levels[lv].status)]
+    status = "broken" if failed else "verified" if best else "untested"
+    place = decider.place or {}
+    out = {"status": status, "best_level": best if status != "untested" else None,
+           "levels": {lv: e.to_dict() for lv, e in levels.items()},
+           "host": {k: place.get(k) for k in ("host", "gpu", "driver", "sm", "glibc", "cuda_runtime", "python")
+                    if place.get(k) is not None},
+           "reused": list(place.get("reused") or []), "lock_hash": decider.lock_hash,
+           "run_id": decider.run_id, "created": decider.created}
+    if failed:
+        e = levels[failed[0]]
+        out["failure"] = {"level": failed[0], "cause": e.cause or e.status, "detail": e.detail}
+    if place.get("refused") and status == "untested":
+        out["refused"] = str(place["refused"])
+    return out
 
 
 def _notes(combo: dict, newest) -> list[str]:
@@ -239,7 +301,7 @@ def _read_from_image(recs, row_key, id_to_digest) -> tuple[dict, dict]:
     hardware: dict = {}
     caveats: list = []
     for r in recs:  # oldest first: newer verdicts overwrite
-        if _image_key(r.image, id_to_digest) != row_key:
+        if is_in_place(r) or _image_key(r.image, id_to_digest) != row_key:
             continue
         for v in r.probe.values():
             if v.versions:

@@ -459,8 +459,12 @@ class Metadata:
             try:
                 with _open(url, {"Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.1"}) as r:
                     body, ctype = r.read(), r.headers.get("Content-Type", "")
-                self._files[key] = (_html_files(body.decode("utf-8", "replace"), url) if "html" in ctype
-                                    else json.loads(body)["files"])
+                files = (_html_files(body.decode("utf-8", "replace"), url) if "html" in ctype
+                         else json.loads(body)["files"])
+                for f in files:  # PEP 691: a file's url may be relative to its page
+                    if isinstance(f, dict) and isinstance(f.get("url"), str):
+                        f["url"] = urllib.parse.urljoin(url, f["url"])
+                self._files[key] = files
             except urllib.error.HTTPError as e:
                 if e.code == 404:
                     self._files[key] = []

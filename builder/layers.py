@@ -25,15 +25,13 @@ combination's full lock (checked here, and again inside the image by check-env.p
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
 from .errors import EnvbuildError
 from .lock import LockResult
-from .lockfile import parse_lock
+from .lockfile import parse_lock, text_of
 from .values import Base, Combo
 from .probe.vocab import ENGINE_SPECS
 
@@ -144,15 +142,6 @@ class ImageModel:
                    tuple(d.get("built_from_source", ())))
 
 
-def _text(value: str | None) -> str:
-    """LayerLock.path / LockResult.full_lock hold the text before Locker.write and a path after."""
-    if not value:
-        return ""
-    if "\n" not in value and os.path.isfile(value):
-        return Path(value).read_text()
-    return value
-
-
 def _cuda_group(name: str) -> str | None:
     if not name.startswith("nvidia-"):
         return None
@@ -202,13 +191,13 @@ def model_for(combo: Combo, lock: LockResult, base: Base) -> ImageModel:
         raise EnvbuildError(f"{combo.id}: cannot render without a lock ({lock.status})")
     layers: list[Layer] = []
     for ll in lock.layers:
-        for name, pins in _cut(ll.name, _text(ll.path)):
+        for name, pins in _cut(ll.name, text_of(ll.path)):
             # The header names only the layer's own content, so equal pins give equal bytes.
             body = f"# envbuild layer {name}: {len(pins)} pin(s) from the {ll.name} lock\n" + \
                 "".join(block for _, block in (pins[n] for n in sorted(pins)))
             layers.append(Layer(name, ll.name, _stage(ll.name), _title(name, combo), _shares(name), body,
                                 {n: v for n, (v, _) in sorted(pins.items())}))
-    full = _text(lock.full_lock)
+    full = text_of(lock.full_lock)
     expected = {n: v for n, (v, _) in parse_lock(full).items()} if full else {}
     model = ImageModel(combo, base, lock.tools, tuple(layers), expected or installed(layers), lock.era,
                        lock.lock_hash or "", lock.torch_index, getattr(lock, "build_constraints", "") or "",

@@ -50,7 +50,8 @@ from packaging.version import Version
 
 from .errors import EnvbuildError, InfraError, InputError
 from .fsutil import write_atomic, write_json_atomic
-from .lockfile import layer_text, parse_lock
+from .lockfile import layer_text, parse_lock, text_of
+from .outcome import LOCK_OK, LOCK_VERDICTS, exit_of_lock
 from .index import Metadata, TorchSource, default_index_url, redact, torch_source, uv_exe
 from .matrix import Matrix, matrix_from_args, plan_from_args
 from .selector import add_selector_args
@@ -84,11 +85,15 @@ class LayerLock:
     era: str
     key: str  # hash of the layer's inputs
 
+    def text(self) -> str:
+        """The requirements text, whether `path` holds it or names the file it was written to."""
+        return text_of(self.path)
+
 
 @dataclass
 class LockResult:
     combo: Combo
-    status: str  # ok | unsatisfiable | needs-build | index-unreachable | lock-error
+    status: str  # outcome.LOCK_OK, LOCK_VERDICTS or LOCK_INFRA
     detail: str = ""
     layers: list[LayerLock] = field(default_factory=list)
     lock_hash: str | None = None
@@ -185,6 +190,11 @@ def split_layers(full: dict[str, tuple[str, str]], torch_pins: dict[str, str],
 
 def wheel_tags(python: str, glibc: str, platform: str = DEFAULT_PLATFORM) -> set:
     """The wheel tags an image with CPython `python` on glibc `glibc` for `platform` installs."""
+    return set(ordered_wheel_tags(python, glibc, platform))
+
+
+def ordered_wheel_tags(python: str, glibc: str, platform: str = DEFAULT_PLATFORM) -> list:
+    """The same tags, the most specific first (the order an installer prefers them in)."""
     major, minor = (int(x) for x in python.split("."))
     gmaj, gmin = (int(x) for x in glibc.split("."))
     m_ = platform_machine(platform)
@@ -192,7 +202,8 @@ def wheel_tags(python: str, glibc: str, platform: str = DEFAULT_PLATFORM) -> set
     # The legacy aliases: manylinux2014 = 2_17 (both machines), 2010 and 1 (x86_64 only).
     plats += [f"manylinux2014_{m_}", f"linux_{m_}"] + (["manylinux2010_x86_64", "manylinux1_x86_64"]
                                                         if m_ == "x86_64" else [])
-    return set(cpython_tags((major, minor), platforms=plats)) | set(compatible_tags((major, minor), platforms=plats))
+    return list(dict.fromkeys([*cpython_tags((major, minor), platforms=plats),
+                               *compatible_tags((major, minor), platforms=plats)]))
 
 
 # --------------------------------------------------------------------------- resolving
@@ -320,8 +331,7 @@ class Locker:
     def write(self, res: LockResult, out_dir: Path) -> Path:
         d = out_dir / res.combo.id
         for layer in res.layers:
-            text = layer.path if not os.path.exists(str(layer.path)) else Path(layer.path).read_text()
-            p = write_atomic(d / f"{layer.name}.txt", text)
+            p = write_atomic(d / f"{layer.name}.txt", layer.text())
             layer.path = str(p)
         if res.full_lock is not None and not os.path.exists(res.full_lock):
             res.full_lock = str(write_atomic(d / "full.txt", res.full_lock))
@@ -342,7 +352,7 @@ class Locker:
             except (OSError, ValueError):
                 pass
         d = compute()
-        if d["status"] in ("ok", "unsatisfiable", "needs-build"):  # stable under --exclude-newer: cache
+        if d["status"] in (LOCK_OK, *LOCK_VERDICTS):  # verdicts, stable under --exclude-newer: cache
             write_json_atomic(cpath, d)
         return d, False
 
@@ -530,10 +540,7 @@ def run(args) -> int:
                               "layers": {l.name: l.packages for l in r.layers}}), flush=True)
         else:
             print(summary(r, out), flush=True)
-        if r.status in ("index-unreachable", "lock-error", "metadata-missing"):
-            worst = max(worst, 3)
-        elif not r.ok:
-            worst = max(worst, 1)
+        worst = max(worst, exit_of_lock(r.status))
 
     with ThreadPoolExecutor(max_workers=args.jobs, thread_name_prefix="envbuild-lock") as pool, \
             _Progress(len(pl.combos)) as progress:

@@ -5,7 +5,11 @@ SBOM reads locks with it without the resolver.
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
+
+from packaging.utils import canonicalize_name
 
 
 def parse_lock(text: str) -> dict[str, tuple[str, str]]:
@@ -39,3 +43,23 @@ def layer_text(full: dict[str, tuple[str, str]], names, header: str) -> str:
     for name in sorted(names):
         lines.append(full[name][1].rstrip("\n"))
     return "\n".join(lines) + "\n"
+
+
+def text_of(value: str | None) -> str:
+    """A lock's text from LayerLock.path / LockResult.full_lock, which hold the text before
+    Locker.write and the path of the file after."""
+    if not value:
+        return ""
+    if "\n" not in value and os.path.isfile(value):
+        return Path(value).read_text()
+    return value
+
+
+def pins_of(lock_text: str) -> dict[str, tuple[str, set[str]]]:
+    """{name: (version, {sha256})} of a hashed lock file."""
+    out = {}
+    for name, (version, block) in parse_lock(lock_text).items():
+        hashes = {h for h in (part.split("sha256:", 1)[1].split()[0].rstrip("\\").strip()
+                              for part in block.split("--hash=")[1:] if "sha256:" in part)}
+        out[canonicalize_name(name)] = (version, hashes)
+    return out

@@ -65,6 +65,9 @@ def add_arguments(p) -> None:
     p.add_argument("--gpu", metavar="GPU", help="only images with kernels for this GPU: H100, H200, B200, GB200, "
                                                 "B300, sm_90, 9.0, ...")
     p.add_argument("--driver", metavar="VERSION", help="only images whose CUDA runs on this NVIDIA driver (550.54.14)")
+    p.add_argument("--in-place", action="store_true",
+                   help="a stack verified in place on a GPU node (envbuild venv + probe --here), for a node "
+                        "without Docker: prints the row and how to make its environment, not an image")
     p.add_argument("--verify-attestations", action="store_true",
                    help="before answering, check the picked image's signed attestations in its registry "
                         "(envbuild attach) and that its attested test result is the row's; exit non-zero if "
@@ -91,7 +94,7 @@ def ask_from_args(args) -> Ask:
     driver = getattr(args, "driver", None)
     if driver is not None and not all(p.isdigit() for p in driver.split(".")):
         raise InputError("command line", None, "--driver", driver, "not a driver version (550.54.14)")
-    return Ask(sel, args.level, sm, driver)
+    return Ask(sel, args.level, sm, driver, in_place=getattr(args, "in_place", False))
 
 
 def run(args) -> int:
@@ -109,7 +112,9 @@ def run(args) -> int:
 
         check_picked(row, args.pubkey, info, quiet=args.json)
     if args.json:
-        out = {"ref": row.pinned if row else None, "level": row.best_level if row else None,
+        out = {"ref": (None if a.in_place else row.pinned) if row else None,
+               "level": ((row.in_place.get("best_level") if a.in_place else row.best_level) if row else None),
+               "in_place": a.in_place,
                "row": row.to_dict() if row else None, "selection": a.selectors.describe(),
                "gpu": f"sm_{a.sm}" if a.sm else None, "driver": a.driver,
                "min_level": a.level, "verified": info["verified"], "keyid": info["keyid"],
@@ -124,6 +129,25 @@ def run(args) -> int:
         for line in explain_empty(table, a, ans):
             print(line, file=sys.stderr)
         return 1
+    if a.in_place:
+        ip = row.in_place
+        print(row.id)
+        print(f"{row.id}: verified in place up to {ip.get('best_level')} on {', '.join(ip['host'].get('gpu') or [])} "
+              f"(driver {ip['host'].get('driver')}); make its environment with\n"
+              f"  envbuild wheelhouse {_selectors_of(row)} --out WHEELHOUSE\n"
+              f"  envbuild venv {_selectors_of(row)} --wheelhouse WHEELHOUSE --out VENV [--host-packages]",
+              file=sys.stderr)
+        return 0
     print(row.pinned)
     print(f"{row.id}: verified up to {row.best_level}", file=sys.stderr)
+    if row.in_place.get("status") == "verified":
+        print(f"  its lock also passed {row.in_place.get('best_level')} in place on "
+              f"{', '.join(row.in_place['host'].get('gpu') or [])} (the stack, not this image)", file=sys.stderr)
     return 0
+
+
+def _selectors_of(row: Row) -> str:
+    c = row.combo
+    eng = f"--{c.engine} {c.engine_version}" if c.engine_version else f"--{c.engine}"
+    return (f"--verl {c.verl} {eng} --torch {c.torch} --cuda {c.cuda} --python {c.python} "
+            f"--platform {c.platform or DEFAULT_PLATFORM}")

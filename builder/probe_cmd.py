@@ -10,11 +10,12 @@ import sys
 from .errors import InputError, UsageError
 from .fanout import add_ray_arguments, run_from_args
 from .fsutil import write_json_atomic
+from .materialize import read_row, record_in_place
 from .probe_exec import DEFAULT_TIMEOUT, probe_here
 from .probe_run import probe_image
 from .selector import selectors_from_args
 from .outcome import exit_of_verdict
-from .probe.vocab import LEVELS, parse_variant
+from .probe.vocab import DEFAULT_ENGINE, LEVELS, parse_variant
 
 # ----------------------------------------------------------------------------- CLI
 def add_arguments(p) -> None:
@@ -36,7 +37,8 @@ def add_arguments(p) -> None:
     p.add_argument("-o", "--output", metavar="FILE", help="also write the verdict JSON to FILE")
     p.epilog = ("The selectors (--engine/--vllm/--sglang/--hf, --cuda, --torch, --verl, --platform) name the combination: "
                 "what an IMAGE or --here is expected to hold, or which recorded images --ray probes. "
-                "Exit status: 0 pass, 1 fail or timeout (a verdict), 2 bad arguments, "
+                "Exit status (the host's table, the probe in an image exits with the same): 0 pass, 1 fail or "
+                "timeout (a verdict), 2 bad arguments, "
                 "3 not judged here (the probe or docker broke, or a check needs a GPU).")
     add_ray_arguments(p)  # --ray ADDRESS, --results, --retries and the selectors (envbuild.fanout)
 
@@ -71,7 +73,15 @@ def run(args) -> int:
     if args.nproc < 1:
         raise UsageError(f"--nproc={args.nproc}: must be >= 1")
     sel = selectors_from_args(args)
-    engine, expect = sel.engine or "vllm", _expect(args, sel)
+    row = read_row(args.python_exe) if args.here and args.python_exe else None
+    if args.here and args.results and row is None:
+        raise UsageError("--here --results records a row made with `envbuild venv`: pass --python-exe VENV/bin/python")
+    if row is not None and not sel.engine:  # a materialized row: judge it as the combination it is
+        from .probe_exec import expect_of
+
+        engine, expect = row["combo"]["engine"], {**expect_of(row["combo"]), **_expect(args, sel)}
+    else:
+        engine, expect = sel.engine or DEFAULT_ENGINE, _expect(args, sel)
     if args.here:
         v = probe_here(level=args.level, engine=engine, expect=expect, timeout=args.timeout, nproc=args.nproc,
                        python=args.python_exe)
@@ -80,6 +90,10 @@ def run(args) -> int:
                         docker=args.docker, nproc=args.nproc)
     if args.output:
         write_json_atomic(args.output, v)
+    if args.here and args.results:
+        rec = record_in_place(args.results, row, args.level, v, args.python_exe)
+        print(f"recorded {rec.combo['id']} in place: {rec.status} -> {args.results}/records/{rec.combo['id']}/"
+              f"{rec.run_id}.json", file=sys.stderr)
     if args.json:
         json.dump(v, sys.stdout, indent=2, sort_keys=True, default=str)
         print()

@@ -7,8 +7,8 @@ of a few facts per row (`facts`), which the page embeds and its script combines 
 (tests/test_query_agreement.py holds the two against each other):
 
   eligible   the level a row qualifies for by itself: a row "verified", pushed (a digest), no
-             level failed, every level up to its best passed (0: not eligible; an inconsistent
-             row is refused, whatever its status says)
+             level failed, every level up to its best passed, and its lock not failed in place on a
+             node (0: not eligible; an inconsistent row is refused, whatever its status says)
   supports   the GPU architectures its native code has kernels for (None: never read: unknown is
              not yes)
   min_driver the oldest NVIDIA driver its CUDA runs on (None: unknown)
@@ -43,6 +43,7 @@ class Ask:
     level: str = DEFAULT_LEVEL  # the lowest probe level the answer must have passed
     sm: int | None = None  # the GPU's compute capability (90 for an H200)
     driver: str | None = None  # the host's NVIDIA driver version
+    in_place: bool = False  # answer a stack verified in place (envbuild venv), not an image
 
     def on(self, platform: str | None) -> "Ask":
         return replace(self, selectors=replace(self.selectors, platform=platform))
@@ -71,6 +72,8 @@ class Facts:
 
 def eligible(row: Row) -> int:
     """The level rank a row qualifies for by itself (module docstring); 0 when it does not."""
+    if row.in_place.get("status") == "broken":
+        return 0  # the same lock failed on a GPU node: the stack is broken, whatever its image says
     if row.status != "verified" or not parse_pinned(row.pinned):
         return 0
     rank = level_rank(row.best_level)
@@ -100,9 +103,9 @@ def _ver(v: object) -> tuple:
         return (0, Version("0"))
 
 
-def rank_key(row: Row) -> tuple:
+def rank_key(row: Row, in_place: bool = False) -> tuple:
     c = row.combo
-    return (level_rank(row.best_level), _ver(c.verl), _ver(c.engine_version), _ver(c.torch), row.newest(), row.id)
+    return (in_place_rank(row) if in_place else level_rank(row.best_level), _ver(c.verl), _ver(c.engine_version), _ver(c.torch), row.newest(), row.id)
 
 
 def driver_at_least(have: str, need: str) -> bool:
@@ -165,7 +168,15 @@ def qualifies_facts(f: Facts, a: Ask) -> bool:
     return True
 
 
+def in_place_rank(row: Row) -> int:
+    """The level rank the row's lock reached in place (envbuild venv + probe --here), 0 if none."""
+    ip = row.in_place or {}
+    return level_rank(ip.get("best_level")) if ip.get("status") == "verified" else 0
+
+
 def qualifies(row: Row, a: Ask) -> bool:
+    if a.in_place:  # the stack on a node, no image: its in-place verdict decides (GPU and driver: its node's)
+        return in_place_rank(row) >= level_rank(a.level)
     return qualifies_facts(facts(row), a)
 
 
@@ -181,6 +192,17 @@ def _state(name: str, e) -> str:
 def why_not(row: Row, a: Ask) -> str:
     """One line: why a matching row is not an answer."""
     st, best = row.status, row.best_level
+    ip = row.in_place or {}
+    if ip.get("status") == "broken":
+        f = ip.get("failure") or {}
+        on = ", ".join((ip.get("host") or {}).get("gpu") or []) or "a node"
+        return f"the same lock failed {f.get('level')} in place on {on}: {f.get('cause')}"
+    if a.in_place:
+        if not ip:
+            return "never judged in place (envbuild venv + envbuild probe --here)"
+        if ip.get("refused"):
+            return f"could not be judged in place: {ip['refused']}"
+        return f"in place: {ip.get('status')} up to {ip.get('best_level') or 'no level'} (< {a.level})"
     if st == "verified" and not row.pinned:
         return "marked verified but has no digest: refused"
     if st == "broken":
@@ -229,7 +251,7 @@ class Answer:
 def answer_rows(rows: list[Row], a: Ask) -> Answer:
     rows = [r for r in rows if matches(r, a.selectors)]
     good = [r for r in rows if qualifies(r, a)]
-    best = max(good, key=rank_key) if good else None
+    best = max(good, key=lambda r: rank_key(r, a.in_place)) if good else None
     shown = best or (max(rows, key=lambda r: display_key(r, a)) if rows else None)
     return Answer(best, rows, shown)
 

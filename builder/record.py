@@ -25,6 +25,9 @@ Record fields (schema 1; envbuild.outcome says what the statuses mean):
   log           build log path relative to RESULTS, if any
   lock_notes    what the lock had to do that a reader must know: {"relaxed": ["X taken from <date>: ..."],
                 "built_from_source": ["name==version"]} (absent keys: nothing to say)
+  place         None for an image's record; {"kind": "in-place", ...} for a probe of the row's lock
+                materialized on a node without Docker (envbuild venv + probe --here): the host, its
+                GPU, driver, glibc and CUDA runtime, and the node's distributions it reused
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ class Record:
     machine: dict = field(default_factory=dict)
     log: str | None = None
     lock_notes: dict = field(default_factory=dict)
+    place: dict | None = None
     run_id: str = field(default_factory=new_run_id)
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     schema: int = SCHEMA
@@ -100,7 +104,7 @@ class Record:
         for k in ("probe", "timings", "machine", "lock_notes"):
             if k in known and not isinstance(known[k], dict):  # exactly an object: "" or 0 is not one
                 raise ValueError(f"{k} is not an object")
-        for k in ("image", "base"):
+        for k in ("image", "base", "place"):
             if known.get(k) is not None and not isinstance(known[k], dict):
                 raise ValueError(f"{k} is not an object")
         img = known.get("image") or {}
@@ -108,6 +112,13 @@ class Record:
             if img.get(k) is not None and not isinstance(img[k], str):
                 raise ValueError(f"image.{k} is not a string")
         return cls(**known)
+
+
+IN_PLACE = "in-place"  # place.kind of a record made on a node, not in an image
+
+
+def is_in_place(rec: "Record") -> bool:
+    return isinstance(rec.place, dict) and rec.place.get("kind") == IN_PLACE
 
 
 def machine_info() -> dict:

@@ -217,6 +217,10 @@ class Row:
     # What a reader must know about how the row was made: planned outside the matrix, a package
     # taken from after the era (no earlier release on the index), packages built from source.
     notes: list[str] = field(default_factory=list)
+    # The row's lock judged on a node without Docker (envbuild venv + probe --here): {"status",
+    # "best_level", "levels": {level: entry}, "host": {host, gpu, driver, ...}, "reused": [...],
+    # "failure"?, "refused"?}; {} when never. About the stack, not an image digest (fold._in_place).
+    in_place: dict = field(default_factory=dict)
 
     def level(self, name: str) -> Entry:
         return self.levels.get(name) or Entry()
@@ -234,7 +238,7 @@ class Row:
                 "best_level": self.best_level, "status": self.status,
                 "failure": self.failure.to_dict() if self.failure else None,
                 "lock_hash": self.lock_hash, "base": self.base, "history": [h.to_dict() for h in self.history],
-                "versions": self.versions, "hardware": self.hardware, "notes": self.notes}
+                "versions": self.versions, "hardware": self.hardware, "notes": self.notes, "in_place": self.in_place}
 
     @classmethod
     def from_dict(cls, d: object, where: str = "table", i: int = 0) -> "Row":
@@ -253,7 +257,7 @@ class Row:
             base if base.__class__ is dict else None,
             [HistoryEntry.from_dict(h) for h in hist] if hist.__class__ is list else [],
             _dict(get("versions")), _dict(get("hardware")),
-            [str(n) for n in get("notes")] if get("notes").__class__ is list else [])
+            [str(n) for n in get("notes")] if get("notes").__class__ is list else [], _dict(get("in_place")))
 
 
 class LazyRows(Sequence):

@@ -26,6 +26,7 @@ ROW_FIELDS = {
     "build": "build", "levels": "levels", "best_level": "best level", "status": "status", "failure": "failure",
     "versions": "other versions", "hardware": "host needs (GPU kernels, NVIDIA driver, /dev/shm, caveats)",
     "notes": "notes", "base": "base image", "history": "recent runs",
+    "in_place": "in place (the row's lock judged on a GPU node without Docker: envbuild venv)",
 }
 # Row fields neither shows, and why.
 HIDDEN_FIELDS = {
@@ -156,7 +157,26 @@ def md_row(r: Row) -> dict:
             "status": _md(r.status), "best": _md(r.best_level or "-"),
             "levels": [_md(r.level(lv).status) for lv in LEVELS], "cause": _md(_cause(r)),
             "needs": _md("; ".join(needs(r))), "notes": _md("; ".join(r.notes)),
-            "base": _md((r.base or {}).get("ref") or ""), "image": _md(img), "id": _md(r.id)}
+            "base": _md((r.base or {}).get("ref") or ""), "image": _md(img), "id": _md(r.id),
+            "in_place": _md(in_place_text(r))}
+
+
+def in_place_text(r: Row) -> str:
+    """The row's in-place verdict in words ("" when never judged in place)."""
+    ip = r.in_place or {}
+    if not ip:
+        return ""
+    host = ip.get("host") or {}
+    on = ", ".join(host.get("gpu") or []) or host.get("host") or "a node"
+    if ip.get("refused"):
+        return f"not judged on {on}: {ip['refused']}"
+    what = {"verified": f"verified up to {ip.get('best_level')}", "broken": "broken at "
+            + str((ip.get("failure") or {}).get("level")) + f" ({(ip.get('failure') or {}).get('cause')})"}.get(
+        ip.get("status"), str(ip.get("status")))
+    reused = ip.get("reused") or []
+    return (f"{what} on {on}, driver {host.get('driver')}, CUDA runtime {host.get('cuda_runtime')}"
+            + (f"; {len(reused)} distributions the node had (" + ", ".join(f"{x['name']} {x['version']}"
+               for x in reused[:6]) + (", …" if len(reused) > 6 else "") + ")" if reused else ""))
 
 
 def render_markdown(table: Table) -> str:
@@ -169,4 +189,5 @@ def render_markdown(table: Table) -> str:
                          "image": _md(row.pinned) if row else "", "shown": _md(ans.shown.status)})
     return _template("compat.md.j2").render(
         table=table, counts=table.counts, levels=LEVELS, rows=[md_row(r) for r in table.rows], best=best,
+        in_place=sum(1 for r in table.rows if (r.in_place or {}).get("status") == "verified"),
         default_level=Ask().level, level_rank=level_rank)

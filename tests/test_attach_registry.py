@@ -17,7 +17,7 @@ import tarfile
 
 import pytest
 
-from envbuild import attach, attest
+from envbuild import attest
 from envbuild.cli import main
 from envbuild.docker import detect
 from envbuild.errors import EnvbuildError

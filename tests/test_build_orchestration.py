@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import _thread
 import hashlib
-import json
 import os
 import threading
 import time

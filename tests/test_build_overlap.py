@@ -15,11 +15,9 @@ from test_build_orchestration import FakeEngine, combo, fake_lock, make_builder
 
 from envbuild import build as B
 
-from envbuild import buildlog as BL
 
 from envbuild import pipeline as PL
 
-from envbuild import progress as PR
 from envbuild.values import Base as BaseRef
 from envbuild.errors import InfraError, InputError
 from envbuild.record import iter_records

@@ -3,7 +3,6 @@
 import json
 import shutil
 import subprocess
-import textwrap
 
 import pytest
 from packaging.requirements import Requirement

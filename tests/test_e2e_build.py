@@ -8,7 +8,6 @@ Run: pytest -m "docker and network and slow" tests/test_e2e_build.py   (~10-20 m
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re

@@ -16,7 +16,6 @@ import resource
 import tempfile
 from pathlib import Path
 
-import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 

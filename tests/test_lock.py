@@ -147,7 +147,7 @@ def test_the_lock_takes_what_installing_the_top_of_the_stack_takes(tmp_path, iso
     from packaging.version import Version
 
     m = load_matrix(default_matrix())
-    args = SimpleNamespace(verl="0.9.1", hf=True, cuda="cu130", platform="linux/amd64")
+    args = SimpleNamespace(verl="0.9.1", hf=True, cuda="cu130", platform="linux/amd64", python="3.11")
     (c,) = plan(m, selectors_from_args(args)).combos
     lr = Locker(m, Metadata()).lock(c, tmp_path)
     assert lr.status == "ok", lr.detail

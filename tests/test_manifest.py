@@ -310,9 +310,7 @@ def test_build_writes_one_index_per_tag_with_several_pushed_platforms(tmp_path, 
     and tonight's arm64 one) -> one push_index per plain tag with two or more platforms; a tag with
     one platform keeps that image's own manifest; a registry refusal is said, not fatal."""
     from envbuild import build as B
-    from envbuild import buildlog as BL
     from envbuild import pipeline as PL
-    from envbuild import progress as PR
     from envbuild import manifest as M
     from envbuild.record import write_record
 

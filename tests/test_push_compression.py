@@ -17,7 +17,6 @@ import pytest
 
 from envbuild import docker as D
 from envbuild import push as P
-from envbuild import secretfiles as S
 from envbuild import values as V
 from envbuild.errors import InfraError
 

@@ -1,0 +1,291 @@
+"""`envbuild venv SELECTORS --wheelhouse DIR --out VENV`: a row's environment, exactly, on a node
+without Docker or an index (envbuild.wheelhouse fetched its files): a venv of the node's Python
+with every pin of the row's lock installed offline with --require-hashes, then checked to be the
+lock and nothing else (the image's own check, dockerfiles/check-env.py).
+
+--host-packages reuses a distribution the node already has (a cluster's torch module, the lent
+H200's torch and nvidia-* libraries) only when it is the lock's pin: the same release, and a local
+label only if it names the row's own accelerator variant (torch 2.11.0+cu130 for a cu130 row's
+torch==2.11.0). Its files are linked into the venv one by one (never the node's whole
+site-packages: nothing the lock does not name is visible), and every reuse is listed in
+VENV/envbuild-row.json, which `envbuild probe --here --python-exe VENV/bin/python --results DIR`
+turns into an in-place record of the row. A pin that is neither in the wheelhouse nor on the node
+at that version stops it: that row cannot be judged on this node (said in a record with --results).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from packaging.utils import canonicalize_name
+
+from .errors import EnvbuildError, InfraError, InputError
+from .fsutil import write_json_atomic
+from .lockfile import parse_lock, pins_of
+from .paths import templates_dir
+from .probe.vocab import DEFAULT_PLATFORM, host_platform, platform_machine
+from .selector import add_selector_args, selectors_from_args
+
+ROW_FILE = "envbuild-row.json"  # in the venv: which row it is, and what it took from the node
+SCHEMA = 1  # of a wheelhouse's manifest (envbuild.wheelhouse writes it)
+MANIFEST = "manifest.json"
+
+_LIST_DISTS = r"""
+import json, importlib.metadata as m
+out = {}
+for d in m.distributions():
+    name = d.metadata["Name"]
+    if not name or name in out:
+        continue
+    try:
+        files = [str(f) for f in (d.files or [])]
+    except Exception:
+        files = []
+    out[name] = {"version": d.version, "base": str(d.locate_file("")), "files": files}
+print(json.dumps(out))
+"""
+
+
+class Refused(EnvbuildError):
+    """The row cannot be judged on this node (a pin neither carried nor here at its version)."""
+
+    exit_code = 3
+
+
+def read_manifest(folder: str | os.PathLike) -> dict:
+    path = Path(folder) / MANIFEST
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InputError(str(path), None, "wheelhouse", str(folder), "no manifest: not a wheelhouse "
+                         "(make one with `envbuild wheelhouse SELECTORS --out DIR`)") from None
+    except (OSError, ValueError) as e:
+        raise InputError(str(path), None, "manifest", None, f"unreadable ({e})") from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not isinstance(doc.get("rows"), dict):
+        raise InputError(str(path), None, "schema", doc.get("schema") if isinstance(doc, dict) else None,
+                         f"not a wheelhouse manifest of schema {SCHEMA}")
+    return doc
+
+
+def host_matches(pin: str, have: str | None, variant: str) -> bool:
+    """The node's distribution stands for the pin: the same release, and a local label, if any, that
+    names the row's own accelerator variant (torch 2.11.0+cu130 for a cu130 row's torch==2.11.0)."""
+    if have is None:
+        return False
+    public, _, local = have.partition("+")
+    pin_public, _, pin_local = pin.partition("+")
+    return public == pin_public and (local == pin_local or (not pin_local and local == variant))
+
+
+def node_dists(python: str) -> dict[str, dict]:
+    """{canonical name: {version, base, files}} of the distributions `python` sees."""
+    p = subprocess.run([python, "-c", _LIST_DISTS], capture_output=True, text=True, timeout=300)
+    if p.returncode != 0:
+        raise InfraError("python-error", f"{python}: cannot list its distributions: {p.stderr.strip()[-300:]}")
+    return {canonicalize_name(k): v for k, v in json.loads(p.stdout).items()}
+
+
+def select_row(manifest: dict, sel) -> tuple[str, dict]:
+    rows = [(rid, r) for rid, r in manifest["rows"].items() if sel.matches(
+        **{k: r["combo"].get(k) for k in ("cuda", "python", "torch", "engine", "engine_version", "verl", "platform")})]
+    if len(rows) != 1:
+        have = ", ".join(sorted(manifest["rows"])) or "none"
+        why = "no row" if not rows else f"{len(rows)} rows ({', '.join(r for r, _ in rows)})"
+        raise InputError("command line", None, "selectors", sel.describe(),
+                         f"{why} of the wheelhouse match; name one (the wheelhouse holds: {have})")
+    return rows[0]
+
+
+def plan_install(row: dict, wheelhouse: Path, dists: dict[str, dict] | None, variant: str) -> dict:
+    """What to install from the wheelhouse and what to take from the node; Refused when a pin has
+    neither."""
+    reuse, install, missing = [], [], []
+    for f in row["files"]:
+        name, version = f["name"], f["version"]
+        have = (dists or {}).get(name)
+        if dists is not None and host_matches(version, have and have["version"], variant):
+            reuse.append({"name": name, "version": have["version"], "pin": version})
+        elif (wheelhouse / f["file"]).is_file():
+            install.append(f)
+        else:
+            where = f"the node has {have['version']}" if have else "the node has none"
+            missing.append(f"{name}=={version} ({where}; not in the wheelhouse)")
+    if missing:
+        raise Refused(f"{row['combo']['id']} cannot be judged on this node: " + "; ".join(missing[:8])
+                      + (f"; … {len(missing) - 8} more" if len(missing) > 8 else ""))
+    return {"reuse": reuse, "install": install}
+
+
+def link_dist(dist: dict, site: Path) -> int:
+    """Link one node distribution's files into the venv's site-packages, file by file."""
+    base = Path(dist["base"])
+    n = 0
+    for rel in dist["files"]:
+        src = (base / rel).resolve() if not os.path.isabs(rel) else Path(rel)
+        try:
+            inside = src.relative_to(base.resolve())
+        except ValueError:
+            continue  # a script in bin/, a data file outside site-packages: not importable, not needed
+        if not src.exists():
+            continue
+        dst = site / inside
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if not dst.exists():
+            os.symlink(src, dst)
+            n += 1
+    return n
+
+
+def _site_packages(venv: Path, python_version: str) -> Path:
+    return venv / "lib" / f"python{python_version}" / "site-packages"
+
+
+def _pip(venv: Path, args: list[str], timeout: float = 3600) -> None:
+    p = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
+                        "--no-input", *args], capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise InfraError("install-error", "pip install: " + (p.stderr or p.stdout).strip()[-1500:])
+
+
+def materialize(row_id: str, row: dict, wheelhouse: Path, venv: Path, python: str, use_host: bool) -> dict:
+    c = row["combo"]
+    t0 = time.monotonic()
+    ver = subprocess.run([python, "-c", "import sys, platform; print('%d.%d' % sys.version_info[:2]);"
+                          "print(platform.machine()); print('-'.join(platform.libc_ver()))"],
+                         capture_output=True, text=True, timeout=60).stdout.split()
+    if len(ver) < 2:
+        raise InfraError("python-error", f"{python}: does not answer")
+    if ver[0] != c["python"]:
+        raise Refused(f"{row_id} is a Python {c['python']} row; {python} is Python {ver[0]}")
+    if ver[1] != platform_machine(c.get("platform") or DEFAULT_PLATFORM):
+        raise Refused(f"{row_id} is a {c.get('platform')} row; this node is {ver[1]}")
+    glibc = ver[2] if len(ver) > 2 else ""
+    if row.get("glibc") and glibc.startswith("glibc-") and \
+            tuple(map(int, glibc[6:].split("."))) < tuple(map(int, row["glibc"].split("."))):
+        raise Refused(f"{row_id}'s wheels need glibc >= {row['glibc']}; this node has {glibc}")
+    dists = node_dists(python) if use_host else None
+    plan = plan_install(row, wheelhouse, dists, c["cuda"])
+    if venv.exists() and any(venv.iterdir()):
+        raise InputError("command line", None, "--out", str(venv), "exists and is not empty: name a new folder")
+    subprocess.run([python, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=600)
+    site = _site_packages(venv, ver[0])
+    linked = sum(link_dist(dists[r["name"]], site) for r in plan["reuse"])
+    t_link = time.monotonic()
+    blocks = {}
+    for rel in row["locks"]:
+        for name, (_, block) in parse_lock((wheelhouse / rel).read_text()).items():
+            blocks[canonicalize_name(name)] = block
+    files = wheelhouse / "files"
+    wheels = [f for f in plan["install"] if f["kind"] == "wheel"]
+    sdists = [f for f in plan["install"] if f["kind"] == "sdist"]
+    for part, extra in ((wheels, []), (sdists, ["--no-build-isolation"])):
+        if part:
+            req = venv / f".envbuild-{'sdists' if extra else 'wheels'}.txt"
+            req.write_text("".join(blocks[f["name"]] for f in part))
+            _pip(venv, ["--no-index", "--find-links", str(files), "--require-hashes", "--no-deps", "--no-compile",
+                        *extra, "-r", str(req)])
+    t_install = time.monotonic()
+    # The lock, with the node's own versions where it was reused: nothing else may be there.
+    expected = {n: v for n, (v, _) in ((n, x) for rel in row["locks"]
+                                          for n, x in pins_of((wheelhouse / rel).read_text()).items())}
+    expected.update({r["name"]: r["version"] for r in plan["reuse"]})
+    exp = venv / ".envbuild-expected.txt"
+    exp.write_text("".join(f"{n}=={v}\n" for n, v in sorted(expected.items())))
+    check = subprocess.run([str(venv / "bin" / "python"), str(templates_dir() / "check-env.py"), str(exp)],
+                           capture_output=True, text=True, timeout=300)
+    if check.returncode != 0:
+        raise InfraError("install-error", f"{venv}: the environment is not the lock:\n{check.stderr.strip()[-2000:]}")
+    info = {"row": row_id, "combo": c, "lock_hash": row.get("lock_hash"), "era": row.get("era"),
+            "wheelhouse": str(wheelhouse.resolve()), "python": python, "glibc": glibc,
+            "reused": sorted(plan["reuse"], key=lambda r: r["name"]), "installed": len(plan["install"]),
+            "linked_files": linked, "check": check.stdout.strip(),
+            "seconds": {"link": round(t_link - t0, 2), "install": round(t_install - t_link, 2),
+                        "total": round(time.monotonic() - t0, 2)}}
+    write_json_atomic(venv / ROW_FILE, info)
+    return info
+
+
+def read_row(python_exe: str) -> dict | None:
+    """The row a venv materializes, from the interpreter's folder (VENV/bin/python -> VENV)."""
+    p = Path(python_exe).absolute().parent.parent / ROW_FILE
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def add_arguments(p) -> None:
+    add_selector_args(p, matrix=False)
+    p.add_argument("--wheelhouse", required=True, help="the folder `envbuild wheelhouse` wrote")
+    p.add_argument("--out", required=True, help="the venv to make (a new folder)")
+    p.add_argument("--node-python", default=sys.executable, help="the node's interpreter the venv is made from (default: this one)")
+    p.add_argument("--host-packages", action="store_true",
+                   help="reuse the node's own distributions where they are the lock's pins (listed in the venv)")
+    p.add_argument("--results", metavar="DIR", help="record a refusal (the row cannot be judged on this node) here")
+    p.add_argument("--json", action="store_true", help="print what was made as JSON")
+
+
+def run(args) -> int:
+    wheelhouse = Path(args.wheelhouse)
+    manifest = read_manifest(wheelhouse)
+    sel = selectors_from_args(args)
+    if sel.platform is None:
+        from dataclasses import replace
+
+        sel = replace(sel, platform=host_platform() or DEFAULT_PLATFORM)
+    row_id, row = select_row(manifest, sel)
+    try:
+        info = materialize(row_id, row, wheelhouse, Path(args.out), args.node_python, args.host_packages)
+    except Refused as e:
+        if args.results:
+            _record_refusal(args.results, row, str(e))
+        raise
+    if args.json:
+        print(json.dumps(info, indent=2, sort_keys=True))
+    else:
+        print(f"{row_id}: {info['installed']} distributions installed, {len(info['reused'])} reused from the node "
+              f"({info['seconds']['total']:.0f} s); {info['check']}")
+        for r in info["reused"]:
+            print(f"  reused {r['name']} {r['version']}" + (f" (pin {r['pin']})" if r["pin"] != r["version"] else ""))
+    return 0
+
+
+def record_in_place(results: str, row: dict, level: str, verdict: dict, python_exe: str):
+    """The record of a probe of a materialized row on this node: the row (its planned combination and
+    lock hash), no image, and where it ran (record.place: host, GPU, driver, glibc, CUDA runtime, the
+    node's distributions it reused)."""
+    from . import host
+    from .outcome import Verdict, record_status
+    from .record import IN_PLACE, Record, machine_info, write_record
+
+    gpus = host.nvidia_gpus()
+    v = Verdict.of(verdict, level)
+    place = {"kind": IN_PLACE, "host": platform.node(), "python": python_exe, "glibc": row.get("glibc"),
+             "gpu": [g["name"] for g in gpus], "driver": gpus[0]["driver"] if gpus else None,
+             "sm": gpus[0]["sm"] if gpus else None, "cuda_runtime": v.versions.get("torch_cuda"),
+             "reused": row.get("reused", []), "wheelhouse_lock_hash": row.get("lock_hash"),
+             "materialize_seconds": row.get("seconds", {})}
+    status, cause, detail = record_status({level: v})
+    rec = Record(combo=row["combo"], stage="probe", status=status, cause=cause, detail=detail,
+                 lock_hash=row.get("lock_hash"), probe={level: v},
+                 machine={**machine_info(), "gpu": gpus[0]["name"] if gpus else None}, place=place)
+    rec.timings = {"probe": v.wall_seconds, "materialize": (row.get("seconds") or {}).get("total")}
+    write_record(results, rec)
+    return rec
+
+
+def _record_refusal(results: str, row: dict, why: str) -> None:
+    from .record import Record, machine_info, write_record
+
+    write_record(results, Record(combo=row["combo"], stage="probe", status="error", cause="host-mismatch",
+                                 detail=why, lock_hash=row.get("lock_hash"), machine=machine_info(),
+                                 place={"kind": "in-place", "host": platform.node(), "refused": why}))
