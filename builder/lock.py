@@ -70,6 +70,9 @@ MAX_RELAX = 12  # lifts of the cutoff for one combination; each is one more reso
 _NET_RE = re.compile(r"(error sending request|Could not connect|connection (refused|reset)|dns error|"
                      r"timed out|Failed to fetch|failed to lookup address|tls|certificate|"
                      r"Network unreachable|HTTP status server error|status code 5\d\d)", re.I)
+# uv answering from its cache alone ("the network was disabled", UV_OFFLINE=1, --offline): a "no
+# solution" then says what the cache lacks, not what the index holds. Infrastructure, never cached.
+_OFFLINE_RE = re.compile(r"network (?:was|is) disabled|offline mode|--offline", re.I)
 # uv's hint when the era cutoff hid what a requirement needs.
 _FILTERED_RE = re.compile(r"`([A-Za-z0-9_.\-]+)` was filtered by `exclude-newer(?:-package)?` to only include packages uploaded "
                           r"before [^.]*\.(?: The latest version satisfying the requirement is v?(\S+), published "
@@ -473,7 +476,10 @@ class Locker:
             if p.returncode == 0:
                 return {"status": "ok", "text": outp.read_text()}
         err = p.stderr.strip()
-        if "No solution found" in err:
+        if _OFFLINE_RE.search(err) or env.get("UV_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+            status = "index-unreachable"
+            err = "the resolver is offline (UV_OFFLINE or a cache-only answer): not a verdict\n" + err
+        elif "No solution found" in err:
             status = "unsatisfiable"
         elif _NET_RE.search(err):
             status = "index-unreachable"

@@ -19,7 +19,7 @@ from . import yamlsafe
 from .errors import InputError
 from .index import Metadata
 from .paths import default_matrix
-from .selector import Selectors, add_selector_args, narrow, selectors_from_args, version_matches  # noqa: F401 - re-exported
+from .selector import Selectors, add_selector_args, narrow, release_of, selectors_from_args, version_matches  # noqa: F401 - re-exported
 from .values import IMAGE_RE, Combo, VariantEntry
 from .probe.vocab import (DEFAULT_PLATFORM, ENGINE, ENGINES, PLATFORMS, VERSIONED_ENGINES, dist_of,
                     parse_variant, platform_machine, variant_of)
@@ -304,7 +304,7 @@ def plan_from_args(args, meta=None, *, say=None) -> Plan:
 
     m = matrix_from_args(args)
     sel = selectors_from_args(args)
-    pl = plan(m, sel, meta)
+    pl = plan(m, sel, meta, undeclared=bool(getattr(args, "undeclared", False)))
     for w in pl.warnings:
         (say or (lambda t: print(f"warning: {t}", file=sys.stderr)))(w)
     if not pl.combos:
@@ -346,15 +346,24 @@ def _rule_matches(rule: ExcludeRule, c: Combo) -> bool:
     return True
 
 
-def plan(m: Matrix, sel: Selectors | None = None, meta=None) -> Plan:
+def plan(m: Matrix, sel: Selectors | None = None, meta=None, undeclared: bool = True) -> Plan:
     """Expand axes x engines x includes, apply exclusions, then narrow by selectors.
 
     Selectors act as axis overrides (a version outside the matrix is planned, so that
     `envbuild lock --vllm 0.8.4 --torch 2.7.0` can give its verdict), then filter.
     `meta` answers metadata questions (envbuild.index.Metadata); it fills torch: auto.
+    An engine or verl version the matrix does not declare is refused unless `undeclared` (the
+    command line's --undeclared; library callers plan as given); selector.release_of.
     """
     sel = sel or Selectors()
     meta = meta or Metadata()
+    notes = []
+    if sel.engine and ENGINE[sel.engine].versioned and sel.engine_version:
+        ev, note = release_of(sel.engine_version, m.engines.get(sel.engine) or [], f"--{sel.engine}", undeclared)
+        sel, notes = replace(sel, engine_version=ev), notes + [note] * bool(note)
+    if sel.verl:
+        v, note = release_of(sel.verl, m.verl, "--verl", undeclared)
+        sel, notes = replace(sel, verl=v), notes + [note] * bool(note)
     engines = dict(m.engines)
     if sel.engine:
         versioned = ENGINE[sel.engine].versioned
@@ -385,7 +394,7 @@ def plan(m: Matrix, sel: Selectors | None = None, meta=None) -> Plan:
 
     combos: list[Combo] = []
     excluded: list[Excluded] = []
-    warnings: list[str] = []
+    warnings: list[str] = list(notes)
     seen: set[tuple] = set()
     why_not = _Excluder(m, meta)
     torch_memo: dict[tuple, tuple[list[str], str | None]] = {}

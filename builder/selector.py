@@ -6,9 +6,12 @@ arm64), --python 3.N, --torch V, --engine NAME with one shortcut per engine (voc
 --vllm V, --sglang V for versioned engines, --hf for an unversioned one), --verl V, --matrix FILE.
 
 A version selects by release prefix: `--vllm 0.8` selects 0.8.4 and 0.8.5.post1; `--vllm 0.8.5`
-selects 0.8.5 only (not 0.8.5.post1: same number of release segments means exact). When a
-selected version matches nothing the matrix declares, it is planned as given (so that
-`--torch 2.7.0 --vllm 0.8.4` can be judged); pick only filters.
+selects 0.8.5 only (not 0.8.5.post1: same number of release segments means exact). An engine or
+verl version the matrix does not declare is refused with the nearest declared ones, except that a
+release whose only declared candidate is its post-release means that one (`--vllm 0.8.5` plans
+0.8.5.post1, and the plan says so); `--undeclared` plans a version as given. `--torch` overrides
+the pin the engine implies and is planned as given (so `--torch 2.7.0 --vllm 0.8.4` is judged);
+pick only filters.
 """
 
 from __future__ import annotations
@@ -108,9 +111,40 @@ def narrow(want: str | None, declared: list[str]) -> list[str]:
     return hits or [want]
 
 
+def release_of(want: str | None, declared: list[str], flag: str, undeclared: bool = False) -> tuple[str | None, str | None]:
+    """The selector a version means among the declared releases: (value, note for the plan).
+    A prefix or an exact release stays; a release whose one declared candidate is its
+    post-release becomes that; anything else is refused with the nearest declared releases
+    unless `undeclared` (then planned as given)."""
+    if not want or not declared or any(version_matches(want, d) for d in declared):
+        return want, None
+    w = _parse(want)
+    if w is not None and w.post is None and w.pre is None and w.dev is None:
+        posts = [d for d in declared if (h := _parse(d)) is not None and h.post is not None
+                 and h.release == w.release and h.pre is None and h.dev is None]
+        if len(posts) == 1:
+            return posts[0], f"{flag} {want} means {posts[0]}, the matrix's only release of {want}"
+    if undeclared:
+        return want, f"{flag} {want} is not a release the matrix declares: planned as given (--undeclared)"
+    raise InputError(_WHERE, None, flag, want, "not a release the matrix declares (nearest: "
+                     + ", ".join(nearest(want, declared)) + "); --undeclared plans it as given")
+
+
+def nearest(want: str, declared: list[str], n: int = 2) -> list[str]:
+    """Up to n declared versions on each side of `want`, in order."""
+    known = sorted({d for d in declared if _parse(d) is not None}, key=_parse)
+    w = _parse(want)
+    if w is None:
+        return known[-2 * n:]
+    i = sum(1 for d in known if _parse(d) < w)
+    return known[max(0, i - n):i + n]
+
+
 def add_selector_args(p, *, matrix: bool = True) -> None:
     if matrix:  # commands that read a table instead (pick) select without one
         p.add_argument("--matrix", default=None, help="matrix YAML (default: the bundled matrix/verl.yaml)")
+        p.add_argument("--undeclared", action="store_true",
+                       help="plan an engine or verl version the matrix does not declare, as given")
     p.add_argument("--cuda", help="CUDA variant: cu126 or 12.6")
     p.add_argument("--python", help="Python version, e.g. 3.11")
     p.add_argument("--platform", help=f"platform: {' or '.join(PLATFORMS)} (arm64 and amd64 work too)")

@@ -116,6 +116,19 @@ def test_unreachable_pytorch_index_is_never_a_verdict(isolated_cache, run_cli, t
 
 
 @pytest.mark.network
+def test_an_offline_resolver_is_never_a_verdict(isolated_cache, run_cli, tmp_path):
+    """uv with the network disabled answers "no solution" from what its cache lacks (issue 26,
+    class 7): infrastructure (exit 3), not `unsatisfiable`, and never cached."""
+    env = {"ENVBUILD_CACHE": str(isolated_cache), "UV_OFFLINE": "1", "UV_CACHE_DIR": str(tmp_path / "uvc")}
+    p = run_cli("lock", "--verl", "0.4.1", "--hf", "--cuda", "cu124", "--out", tmp_path / "l", "--json", env=env)
+    assert p.returncode == 3, p.stdout + p.stderr
+    row = json.loads(p.stdout.splitlines()[0])
+    assert row["status"] == "index-unreachable" and "offline" in row["detail"], row["detail"][:500]
+    assert all(json.loads(f.read_text())["status"] != "unsatisfiable"
+               for f in (isolated_cache / "locks").glob("*.json"))
+
+
+@pytest.mark.network
 def test_parallel_lock_keeps_plan_order_and_stays_quiet_when_piped(isolated_cache, run_cli, tmp_path):
     env = {"ENVBUILD_CACHE": str(isolated_cache)}
     sel = ["--cuda", "cu124", "--vllm", "0.8", "--verl", "0.4.1"]

@@ -387,3 +387,30 @@ def test_metadata_cache_names_are_safe_for_any_version(tmp_path, monkeypatch):
     (cache / "verl==0.4.1.json").write_bytes(b"\xff{not json")
     with pytest.raises(InfraError, match="metadata-missing"):
         meta.get("verl", "0.4.1")
+
+
+def test_a_release_means_its_only_post_release_and_undeclared_versions_are_refused():
+    """Issue 26, class 10: `--vllm 0.8.5` plans the matrix's 0.8.5.post1 and says so; a version
+    the matrix does not declare is refused with the nearest ones, unless --undeclared."""
+    from envbuild.errors import InputError
+    from envbuild.selector import release_of
+
+    declared = ["0.8.4", "0.8.5.post1", "0.9.1", "0.10.1.1"]
+    assert release_of("0.8.5", declared, "--vllm") == ("0.8.5.post1", "--vllm 0.8.5 means 0.8.5.post1, the matrix's only release of 0.8.5")
+    assert release_of("0.8", declared, "--vllm") == ("0.8", None)  # a prefix selects as before
+    assert release_of("0.8.4", declared, "--vllm") == ("0.8.4", None)
+    with pytest.raises(InputError) as e:
+        release_of("0.8.6", declared, "--vllm")
+    assert "--vllm='0.8.6'" in str(e.value) and "nearest: 0.8.4, 0.8.5.post1, 0.9.1, 0.10.1.1" in str(e.value)
+    assert release_of("0.8.6", declared, "--vllm", undeclared=True)[0] == "0.8.6"
+    # two post-releases of one release: no guess
+    with pytest.raises(InputError):
+        release_of("1.0", ["1.0.post1", "1.0.post2"], "--sglang")
+
+
+def test_plan_from_the_command_line_maps_and_refuses(run_cli):
+    p = run_cli("plan", "--cuda", "cu126", "--vllm", "0.8.5", "--verl", "0.4.1")
+    assert p.returncode == 0 and "verl0.4.1-vllm0.8.5.post1-torch2.6.0-cu126-py3.11" in p.stdout
+    assert "--vllm 0.8.5 means 0.8.5.post1" in p.stderr
+    q = run_cli("plan", "--cuda", "cu126", "--vllm", "0.8.6")
+    assert q.returncode == 2 and "nearest: 0.8.4, 0.8.5.post1" in q.stderr and len(q.stderr.strip().splitlines()) == 1

@@ -68,24 +68,37 @@ def applies_to(name: str, versions=None) -> tuple[bool, str]:
     return True, ""
 
 
-def verl_uses(word: str) -> bool | None:
-    """Does the installed verl's source mention `word`? None when verl is not installed."""
+def verl_uses(name: str) -> bool | None:
+    """Does the installed verl's code use the identifier `name` (not a longer one that contains it:
+    `fully_shard` is not `fully_sharded_data_parallel`; not in a comment or a string)? None when
+    verl is not installed."""
     import importlib.util
+    import io
+    import re
+    import tokenize
     spec = importlib.util.find_spec("verl")
     if spec is None or not spec.submodule_search_locations:
         return None
-    needle = word.encode()
+    word = re.compile(rb"(?<![A-Za-z0-9_])" + re.escape(name.encode()) + rb"(?![A-Za-z0-9_])")
     for root in spec.submodule_search_locations:
         for dirpath, dirnames, files in os.walk(root):
             dirnames[:] = [d for d in dirnames if d != "__pycache__"]
             for f in files:
-                if f.endswith(".py"):
-                    try:
-                        with open(os.path.join(dirpath, f), "rb") as fh:
-                            if needle in fh.read():
-                                return True
-                    except OSError:
-                        continue
+                if not f.endswith(".py"):
+                    continue
+                try:
+                    with open(os.path.join(dirpath, f), "rb") as fh:
+                        text = fh.read()
+                except OSError:
+                    continue
+                if not word.search(text):
+                    continue  # the cheap test first; tokens only where the word occurs
+                try:
+                    if any(t.type == tokenize.NAME and t.string == name
+                           for t in tokenize.tokenize(io.BytesIO(text).readline)):
+                        return True
+                except (tokenize.TokenError, SyntaxError):
+                    return True  # unreadable: assume it is used (check rather than skip)
     return False
 
 
