@@ -60,6 +60,11 @@ def test_compatibility_rules_and_gpu_names():
     assert ampere.runs_on(86) and ampere.runs_on(89) and not ampere.runs_on(90)  # same major only
     ptx = Coverage(sass={80}, ptx={80})
     assert ptx.runs_on(90) and ptx.runs_on(120)  # JIT from PTX for any later GPU
+    # Issue 26, class 11: an sm_100 cubin may be sm_100a (arch-specific, B200 only); B300 is sm_103.
+    # Without PTX it is not counted for B300; with compute_100 PTX it is.
+    blackwell = Coverage(sass={100})
+    assert blackwell.runs_on(100) and not blackwell.runs_on(103)
+    assert Coverage(sass={100}, ptx={100}).runs_on(103)
     assert parse_sm("H200") == 90 and parse_sm("GB200") == 100 and parse_sm("B300") == 103
     assert parse_sm("sm_90") == parse_sm("9.0") == parse_sm("sm_90a") == parse_sm("compute_90") == 90
     assert parse_sm("banana") is None

@@ -91,3 +91,21 @@ def test_exception_detail_names_where_it_was_raised():
         c = classify_exception(e, "vllm")
     assert "envbuild_no_such_module_flashinfer" in c.detail
     assert "load_sampler" in c.detail and "test_probe_classify.py:" in c.detail
+
+
+def test_a_failure_in_standard_library_frames_names_the_package_that_broke(tmp_path, monkeypatch):
+    """Issue 26, class 14: an import that fails inside dataclasses' machinery (transformers' config
+    code did this) names the innermost frame outside the standard library."""
+    from envbuild.probe.classify import classify_exception
+
+    pkg = tmp_path / "site-packages" / "brokenpkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(
+        "import dataclasses\n\n@dataclasses.dataclass\nclass Config:\n    items: list = []\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site-packages"))
+    try:
+        import brokenpkg  # noqa: F401
+    except ValueError as e:
+        c = classify_exception(e, "hf")
+    assert "[at brokenpkg/__init__.py:3 <module>, in the standard library below it: dataclasses.py:" in c.detail, \
+        c.detail

@@ -177,16 +177,37 @@ def _classify_one(exc: BaseException, engine: str | None) -> Classified:
 
 
 def _where(exc: BaseException, frames: int = 3) -> str:
-    """The innermost frames of the exception, shortest path first: 'pkg/mod.py:12 fn <- ...'."""
+    """The innermost frames of the exception, shortest path first: 'pkg/mod.py:12 fn <- ...'.
+    When those are all the standard library's (dataclasses, typing, importlib), the innermost frame
+    outside it comes first: that is the package that broke."""
     import traceback
 
-    tb = traceback.extract_tb(exc.__traceback__)[-frames:] if exc.__traceback__ else []
-    parts = []
-    for f in reversed(tb):
-        path = f.filename
-        for marker in ("site-packages/", "dist-packages/"):
-            if marker in path:
-                path = path.split(marker, 1)[1]
-                break
-        parts.append(f"{path}:{f.lineno} {f.name}")
+    tb = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ else []
+    inner = list(reversed(tb[-frames:]))
+    parts = [_frame(f) for f in inner]
+    if inner and all(_is_stdlib(f.filename) for f in inner):
+        own = next((f for f in reversed(tb) if not _is_stdlib(f.filename)), None)
+        if own is not None:
+            return f"{_frame(own)}, in the standard library below it: " + " <- ".join(parts)
     return " <- ".join(parts)
+
+
+def _frame(f) -> str:
+    import sysconfig
+    path = f.filename
+    for marker in ("site-packages/", "dist-packages/", sysconfig.get_paths()["stdlib"].rstrip("/") + "/"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+            break
+    return f"{path}:{f.lineno} {f.name}"
+
+
+def _is_stdlib(path: str) -> bool:
+    import os
+    import sysconfig
+    if path.startswith("<"):  # <frozen importlib._bootstrap>, <string>
+        return True
+    if "site-packages" in path or "dist-packages" in path:
+        return False
+    paths = sysconfig.get_paths()
+    return any(path.startswith(os.path.join(paths[k], "")) for k in ("stdlib", "platstdlib"))

@@ -6,10 +6,12 @@ A CUDA library keeps its kernels in the ELF section `.nv_fatbin`: a run of fat-b
 headers are read (seek past the payloads), so even a 1 GB libtorch_cuda takes well under a second.
 
 Compatibility rules (NVIDIA's CUDA compatibility guide): a cubin for sm_XY runs on a GPU of the
-same major X with minor >= Y, except arch-specific variants (sm_90a, sm_100a: flagged here when
-the header marks them, and counted for that exact GPU only); PTX for compute_XY is JIT-compiled
-for any GPU with compute capability >= XY. A GPU with neither fails with "no kernel image is
-available for execution on the device".
+same major X with minor >= Y, except arch-specific cubins (sm_90a, sm_100a, sm_103a, sm_120a),
+which run on that exact GPU only; PTX for compute_XY is JIT-compiled for any GPU with compute
+capability >= XY. A GPU with neither fails with "no kernel image is available for execution on
+the device" (the B300 reports: wheels with sm_100a cubins and no PTX). The entry headers read here
+do not say whether a cubin is arch-specific, so from sm_90 on (where those exist) a cubin counts
+for its exact GPU only: a wheel may be said not to cover a GPU it runs on, never the reverse.
 
 Standard library only: this runs inside images as part of the probe.
 """
@@ -33,6 +35,9 @@ GPUS = {
 }
 
 
+ARCH_SPECIFIC_FROM = 90  # sm_90a was the first arch-specific target
+
+
 @dataclass
 class Coverage:
     """The variants one file (or one package, merged) carries."""
@@ -44,7 +49,7 @@ class Coverage:
         self.ptx |= other.ptx
 
     def runs_on(self, cc: int) -> bool:
-        if any(s // 10 == cc // 10 and s <= cc for s in self.sass):
+        if any(s == cc or (s < ARCH_SPECIFIC_FROM and s // 10 == cc // 10 and s <= cc) for s in self.sass):
             return True
         return any(p <= cc for p in self.ptx)
 
