@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf._utils import get_yaml_loader  # OmegaConf's loader: YAML 1.2 floats, no duplicate keys
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
@@ -304,7 +304,27 @@ class VerlConfig:
         return self.defaults.get(key)
 
     def is_known(self, key: str) -> bool:
+        """The key is in verl's config, also where its value is MISSING (`???`: present, unset;
+        OmegaConf's select answers the default for those, which made them look unknown)."""
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(self.cfg, parent, default=_ABSENT, throw_on_resolution_failure=False) \
+            if parent else self.cfg
+        if isinstance(node, DictConfig):
+            return leaf in node.keys()
         return OmegaConf.select(self.cfg, key, default=_ABSENT, throw_on_resolution_failure=False) is not _ABSENT
+
+    def unset(self) -> list[str]:
+        """Keys still MISSING (`???`) after the file and the overrides, in sections that are not
+        switched off (`enable: false` on the key's section or one above it): verl reads them."""
+        out = []
+        for key, v in _flatten(OmegaConf.to_container(self.cfg, resolve=False)).items():
+            if v != "???":
+                continue
+            parts = key.split(".")
+            if any(self.get(".".join(parts[:i] + ["enable"])) is False for i in range(1, len(parts))):
+                continue
+            out.append(key)
+        return out
 
     def suggest(self, key: str) -> str | None:
         """The closest key of verl's config: same parent first (a typo in the last part), then anywhere."""

@@ -156,4 +156,4 @@ def test_quoted_booleans_and_numbers_warn(tmp_path):
                                                    "trainer.nnodes='2' (expects a number)"]
     ok = check_config(build_config(None, ["actor_rollout_ref.actor.entropy_coeff=0.001", "trainer.nnodes=2",
                                         "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=2"]), Options())
-    assert [x.status for x in ok] == [PASS, PASS]
+    assert {x.name: x.status for x in ok} == {"config.keys": PASS, "config.unset": FAIL, "config.types": PASS}

@@ -213,6 +213,7 @@ def test_cli_end_to_end_exit_status_and_json(tmp_path, run_cli):
     pq.write_table(pa.table({"prompt": pa.array([], pa.list_(pa.struct([("role", pa.string()),
                                                                          ("content", pa.string())])))}), empty)
     args = ["doctor", "--skip", "env", "--skip", "ray", "--json", "--", "algorithm.adv_estimator=grpo",
+            "actor_rollout_ref.rollout.name=vllm",
             "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.use_kl_loss=True",
             "algorithm.norm_adv_by_std_in_grpo=False", f"data.train_files={good}", "data.train_batch_size=8",
             f"trainer.default_local_dir={tmp_path / 'ckpt'}"]

@@ -5,15 +5,33 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from ..probe.vocab import ENGINE_SPECS
 from ..verl_config import VerlConfig
 from .common import (FAIL, PASS, WARN, Options, Result)
 
+# verl's rollout names, from the engine descriptors (vocab.EngineSpec.rollout)
+ROLLOUT_NAMES = tuple(dict.fromkeys(p for e in ENGINE_SPECS for p in e.rollout))
 # Keys whose verl type is a union (FSDP2's reshard_after_forward: True, False or an int).
 MIXED_TYPES = {"reshard_after_forward"}
 
 
 def check_config(cfg: VerlConfig, opt: Options) -> list[Result]:
-    return [_unknown_keys(cfg), _value_types(cfg)]
+    return [_unknown_keys(cfg), _unset(cfg), _value_types(cfg)]
+
+
+def _unset(cfg: VerlConfig) -> Result:
+    """A mandatory value (`???` in verl's config) nobody set: verl stops with MissingMandatoryValue
+    when it reads it. Sections switched off (`enable: false`) are not read."""
+    missing = cfg.unset()
+    if not missing:
+        return Result("config", "config.unset", PASS, "every mandatory value (??? in verl's config) is set")
+    fixes = []
+    for key in missing:
+        choices = ROLLOUT_NAMES if key.endswith("rollout.name") else None
+        fixes.append(f"set {key}=" + ("|".join(choices) if choices else "VALUE"))
+    return Result("config", "config.unset", FAIL,
+                  f"{len(missing)} mandatory value(s) unset (verl stops with MissingMandatoryValue): "
+                  + ", ".join(missing), "; ".join(fixes), {"unset": missing})
 
 
 def _value_types(cfg: VerlConfig) -> Result:
@@ -51,7 +69,8 @@ def _is_number(v: Any) -> bool:
 
 def _unknown_keys(cfg: VerlConfig) -> Result:
     """An override of a key verl's config lacks is refused by verl (Hydra's struct mode): FAIL. A key
-    only in the config file is added by Hydra and never read by verl: a likely typo, WARN."""
+    only in the config file is added by Hydra and never read by verl: verl runs with the default
+    the user meant to change, silently: FAIL too."""
     from_overrides = [u for u in cfg.unknown if u.source == "override"]
     parts = [f"{u.key}" + (f" (did you mean {u.suggestion}?)" if u.suggestion else "") for u in cfg.unknown]
     details = {"unknown": [asdict(u) for u in cfg.unknown], "refused": cfg.refused, "base": cfg.origin}
@@ -69,9 +88,9 @@ def _unknown_keys(cfg: VerlConfig) -> Result:
                       "fix the spelling; write +key=value only to add a key verl's config does not have "
                       "(engine kwargs, override_config); pass --verl VERSION to judge another release", details)
     if cfg.unknown:
-        return Result("config", "config.keys", WARN,
+        return Result("config", "config.keys", FAIL,
                       f"{len(cfg.unknown)} key(s) in the config file are not in the trainer config of {cfg.origin} "
-                      "(Hydra adds them; verl never reads them): " + "; ".join(parts),
+                      "(Hydra adds them; verl never reads them and runs with its default): " + "; ".join(parts),
                       "fix the spelling, or drop the key", details)
     return Result("config", "config.keys", PASS,
                   f"{len(cfg.explicit)} keys set, all in the trainer config of {cfg.origin}", details=details)
