@@ -8,7 +8,9 @@ inside functions so `envbuild --help` stays fast.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
+import json
 import os
 import sys
 
@@ -62,9 +64,16 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # Only the command asked for is imported; completion walks every command, so it gets them all.
     one = argv[0] if argv and argv[0] in COMMANDS and argv[0] != "completion" else None
+    if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
+        hint = difflib.get_close_matches(argv[0], list(COMMANDS), n=1)
+        print(f"envbuild: unknown command {argv[0]!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+              + f"; commands: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
     parser = build_parser(one)
     parser.set_defaults(_parser=parser)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        return _unknown_flags(parser, args, extra)
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
@@ -77,10 +86,30 @@ def main(argv: list[str] | None = None) -> int:
         return 141  # 128 + SIGPIPE, what the shell reports for such a tool
     except EnvbuildError as e:
         print(f"envbuild {args.command}: {e}", file=sys.stderr)
+        if getattr(args, "json", False):  # a reader of --json output gets the error in its own shape
+            print(json.dumps({"error": {"command": args.command, "message": str(e), "exit_code": e.exit_code}}))
         return e.exit_code
     except KeyboardInterrupt:
         print(f"envbuild {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _unknown_flags(parser, args, extra: list[str]) -> int:
+    """argparse would print the top-level usage for a subcommand's typo: name the flag, suggest."""
+    sub = None
+    for action in parser._subparsers._group_actions if parser._subparsers else []:
+        sub = action.choices.get(getattr(args, "command", None) or "")
+    known = [o for a in (sub or parser)._actions for o in a.option_strings]
+    flags = [x.split("=", 1)[0] for x in extra if x.startswith("-")]
+    parts = []
+    for f in flags or extra[:1]:
+        hint = difflib.get_close_matches(f, known, n=1)
+        parts.append(f"unknown {'flag' if f.startswith('-') else 'argument'} {f!r}"
+                     + (f" (did you mean {hint[0]}?)" if hint else ""))
+    where = f"envbuild {args.command}" if getattr(args, "command", None) else "envbuild"
+    print(f"{where}: " + "; ".join(parts), file=sys.stderr)
+    print((sub or parser).format_usage().rstrip(), file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -82,6 +82,11 @@ def write_keypair(out_dir: str | os.PathLike, name: str = DEFAULT_KEY_NAME,
     from .fsutil import write_atomic  # here: tempfile's import is not needed to verify
 
     pem, pub = generate_keypair()
+    ignore = out / ".gitignore"
+    if not ignore.exists():
+        # The key folder usually sits in the user's repository: one `git add .` from committing an
+        # unencrypted signing key. Git skips what this lists; the public half stays addable.
+        write_atomic(ignore, f"# envbuild keygen: never commit a private key\n*.key\n")
     write_atomic(priv_path, pem, mode=0o600)
     write_atomic(pub_path, json.dumps(pub.to_dict(), indent=2) + "\n")
     return priv_path, pub_path, pub
@@ -235,7 +240,8 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     priv, pub_path, pub = write_keypair(args.out, args.name, args.force)
-    print(f"private key: {priv} (keep it secret; `envbuild publish --key {priv}`)")
+    print(f"private key: {priv} (keep it secret; `envbuild publish --key {priv}`; "
+          f"{priv.parent / '.gitignore'} keeps git from adding it)")
     print(f"public key:  {pub_path}")
     print(f"keyid:       {pub.keyid}")
     return 0

@@ -8,6 +8,9 @@
 #    logic on CPU, 4. pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+t0=$(date +%s)
+# Phase stamps: where a fresh machine's time goes (seconds since start, 1-minute load average).
+stamp() { echo "test.sh: [$(( $(date +%s) - t0 )) s, load $(cut -d' ' -f1 /proc/loadavg)] $*"; }
 
 need=()
 command -v chromium >/dev/null || need+=(chromium)
@@ -20,8 +23,10 @@ if [ "${#need[@]}" -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
+stamp "packages ready"
 bash ci/services.sh
 bash ci/emulation.sh
+stamp "docker engine, registry and emulation ready"
 
 # envbuild and its test dependencies in ./.venv (PEP 668: never the distribution's python3).
 bash ci/venv.sh test
@@ -34,9 +39,11 @@ if ! "$PY" -c "import torch, transformers" 2>/dev/null; then
     "$PY" -m pip install -q torch transformers tokenizers safetensors
 fi
 
+stamp "venv ready; pytest starts"
 set +e
-"$PY" -m pytest -q -ra "$@"
+"$PY" -m pytest -q -ra --durations=20 "$@"
 rc=$?
 set -e
+stamp "pytest done (exit $rc)"
 [ "$rc" = 5 ] && { echo "test.sh: pytest collected no tests" >&2; exit 1; }
 exit "$rc"

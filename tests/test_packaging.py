@@ -60,3 +60,31 @@ def test_sdist_builds_a_wheel_that_runs_in_a_venv_without_pip(tmp_path):
     assert (home / ".local/share/envbuild/metadata.json").is_file()
     after = {q for q in site.rglob("*") if "__pycache__" not in q.parts}
     assert after == before
+
+
+def test_every_distribution_imported_at_module_level_is_declared():
+    """What builder/ imports at the top of a module (outside the probe, which runs in images
+    with the stack's own packages) is a declared dependency (issue 28: `requests` was not)."""
+    import ast
+    import importlib.metadata as md
+    import re
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    tomllib = pytest.importorskip("tomllib")
+    deps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+    declared = {re.split(r"[<>=!\[ ;]", d.strip())[0].lower().replace("_", "-") for d in deps}
+    dists = md.packages_distributions()
+    tops = set()
+    for p in (root / "builder").rglob("*.py"):
+        if "probe" in p.relative_to(root / "builder").parts:
+            continue
+        for node in ast.parse(p.read_text()).body:
+            if isinstance(node, ast.Import):
+                tops |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                tops.add(node.module.split(".")[0])
+    third = {t for t in tops if t not in sys.stdlib_module_names and t not in ("envbuild", "__future__")}
+    missing = {t: dists.get(t) for t in third
+               if not any(d.lower().replace("_", "-") in declared for d in dists.get(t, [t]))}
+    assert third and missing == {}, missing

@@ -3,7 +3,9 @@
 import base64
 import json
 import os
+import shutil
 import stat
+import subprocess
 
 import pytest
 from securesystemslib.dsse import Envelope
@@ -97,6 +99,12 @@ def test_wrong_key_and_unsigned_are_rejected(signer, other):
 def test_keygen_writes_private_0600_and_public_with_keyid(tmp_path):
     priv, pub_path, pub = write_keypair(tmp_path / "k")
     assert stat.S_IMODE(os.stat(priv).st_mode) == 0o600
+    # inside a git repository, the private half is ignored and the public half is not (issue 28)
+    if shutil.which("git"):
+        subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+        ign = subprocess.run(["git", "-C", str(tmp_path), "check-ignore", "-q", str(priv)])
+        pub_ign = subprocess.run(["git", "-C", str(tmp_path), "check-ignore", "-q", str(pub_path)])
+        assert ign.returncode == 0 and pub_ign.returncode == 1
     d = json.loads(pub_path.read_text())
     assert d["keyid"] == pub.keyid == compute_keyid(d["keyval"]["public"])
     assert load_public_key(pub_path) == pub
