@@ -206,8 +206,10 @@ def run(args) -> int:
     kn = args.new_pubkey or args.pubkey
     # OLD is old by design: its signature is checked, not its freshness. NEW must be current,
     # checked after the order so that swapped arguments get the message that says so.
-    old, _ = load_verified(args.old, ko, insecure=args.insecure, quiet=True, fresh=False, ca=args.ca)
-    new, info = load_verified(args.new, kn, insecure=args.insecure, quiet=True, fresh=False, ca=args.ca)
+    old, _ = load_verified(args.old, ko, insecure=args.insecure, quiet=True, fresh=False, ca=args.ca,
+                          allow_legacy=getattr(args, "allow_legacy", False))
+    new, info = load_verified(args.new, kn, insecure=args.insecure, quiet=True, fresh=False, ca=args.ca,
+                              allow_legacy=getattr(args, "allow_legacy", False))
     check_order(old, new, str(args.old), str(args.new))
     if info["verified"]:
         check_fresh(new, info["keyid"], info["envelope"], TrustStore.load(), args.allow_rollback, args.json)

@@ -101,7 +101,8 @@ def run(args) -> int:
     from .trust import load_verified
 
     table, info = load_verified(args.table, args.pubkey, args.insecure, quiet=args.json,
-                                allow_rollback=args.allow_rollback, ca=args.ca)
+                                allow_rollback=args.allow_rollback, ca=args.ca,
+                                allow_legacy=getattr(args, "allow_legacy", False))
     if args.insecure:
         print("warning: --insecure: the table's signature was NOT checked", file=sys.stderr)
     a = ask_from_args(args)

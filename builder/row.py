@@ -309,6 +309,9 @@ class Table:
     expires: str | None = None  # "YYYY-MM-DDTHH:MM:SSZ"
     files: dict[str, str] = field(default_factory=dict)  # {relative path: sha256 hex}
     schema: int = SCHEMA
+    # Which table this is (made once per publish folder, signed): a reader that pinned a location
+    # refuses another table there, and serials are remembered per table, not per key.
+    table_id: str | None = None
 
     def where(self, pred) -> list[Row]:
         """Rows whose combination satisfies pred(Combo)."""
@@ -331,6 +334,8 @@ class Table:
              "rows": [r.to_dict() for r in self.rows]}
         if self.schema >= 2:
             d.update(serial=self.serial, expires=self.expires, files=dict(self.files))
+            if self.table_id:
+                d["table_id"] = self.table_id
         return d
 
     @classmethod
@@ -350,4 +355,5 @@ class Table:
             raise InputError(where, None, "files", "…", "expected {name: sha256}")
         return cls(rows=LazyRows(d["rows"], where),
                    generated=_opt_str(d.get("generated")), keyid=_opt_str(d.get("keyid")), serial=serial,
-                   expires=_opt_str(d.get("expires")), files=files, schema=schema)
+                   expires=_opt_str(d.get("expires")), files=files, schema=schema,
+                   table_id=_opt_str(d.get("table_id")))

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import InputError
+from .errors import InfraError, InputError
 
 CONFIG_NAME = "config.toml"
 TRUST_NAME = "trust.json"
@@ -146,7 +146,15 @@ class TrustStore:
         return s.get("serial") if isinstance(s, dict) and isinstance(s.get("serial"), int) else None
 
     def pin(self, location: str, key: dict) -> None:
-        self._update(lambda d: d["keys"].setdefault(location, {**key, "first_seen": _now()}))
+        """Pin a key (and its table id) for a location; a table id is added to an existing pin of
+        the same key, never replaced."""
+        def up(d):
+            cur = d["keys"].get(location)
+            if not isinstance(cur, dict):
+                d["keys"][location] = {**key, "first_seen": _now()}
+            elif cur.get("keyid") == key.get("keyid") and not cur.get("table_id") and key.get("table_id"):
+                cur["table_id"] = key["table_id"]
+        self._update(up)
 
     def saw(self, keyid: str, serial: int, source: str) -> None:
         """Remember the highest serial seen for a key (another process may have raised it meanwhile)."""
@@ -157,12 +165,27 @@ class TrustStore:
         self._update(up)
 
     def _update(self, change) -> None:
+        """Read, change and write trust.json under an exclusive lock: concurrent readers (40 first
+        uses at once) each see the others' pins."""
+        import fcntl
+
         from .fsutil import write_json_atomic  # here: reading trust state must not import tempfile
 
-        fresh = TrustStore.load() if self.path.exists() else TrustStore(self.path)
-        d = {"schema": 1, "keys": fresh.keys, "serials": fresh.serials}
-        change(d)
-        write_json_atomic(self.path, d)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            lock = open(self.path.parent / (TRUST_NAME + ".lock"), "a")
+        except OSError as e:
+            raise InfraError("state-unwritable", f"trust state {self.path}: cannot write ({e.strerror or e}); "
+                             "set ENVBUILD_STATE to a writable folder") from None
+        with lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            fresh = TrustStore.load() if self.path.exists() else TrustStore(self.path)
+            d = {"schema": 1, "keys": fresh.keys, "serials": fresh.serials}
+            change(d)
+            try:
+                write_json_atomic(self.path, d)
+            except OSError as e:
+                raise InfraError("state-unwritable", f"trust state {self.path}: cannot write ({e.strerror or e})") from None
         self.keys, self.serials = d["keys"], d["serials"]
 
 

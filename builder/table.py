@@ -91,6 +91,18 @@ def image_statement(row: Row) -> dict | None:
 # the next publish).
 
 
+def _table_id(sites: Path) -> str:
+    """This publish folder's table id: made once, kept beside its sites (written with the first
+    site; a new id is a new table to every reader that pinned this location)."""
+    try:
+        got = (sites / "table-id").read_text().strip()
+        if got:
+            return got
+    except OSError:
+        pass
+    return secrets.token_hex(16)
+
+
 def _sites_dir(out: Path) -> Path:
     return out.parent / f".{out.name}.sites"
 
@@ -155,6 +167,7 @@ def publish(results: str | os.PathLike, key: str | os.PathLike, out: str | os.Pa
     prev, prev_bytes = _previous(out)
 
     table = build_table(rows, pub.keyid, expires_days=expires_days)
+    table.table_id = _table_id(sites)
     attestations: dict[str, bytes] = {}
     for row in rows:
         stmt = image_statement(row)
@@ -196,11 +209,13 @@ def publish(results: str | os.PathLike, key: str | os.PathLike, out: str | os.Pa
         if out.is_dir() and not out.is_symlink():
             _adopt_legacy_dir(out, sites)
         current = os.path.realpath(out) if out.is_symlink() else None
+        if not (sites / "table-id").exists():
+            write_atomic(sites / "table-id", table.table_id + "\n")
         site = sites / f"{table.serial}-{secrets.token_hex(4)}"
         for name, blob in files.items():
             write_atomic(site / name, blob)
         _switch(out, site)
-        _prune(sites, {site.name, ".lock"} | ({Path(current).name} if current else set()))
+        _prune(sites, {site.name, ".lock", "table-id"} | ({Path(current).name} if current else set()))
     return table
 
 

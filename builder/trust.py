@@ -95,7 +95,7 @@ def locate(src: str) -> Location:
         else:
             table = (src if src.endswith("/") else src + "/") + TABLE_NAME
         base = table.rsplit("/", 1)[0] + "/"
-        return Location(table + ENVELOPE_SUFFIX, table, base, base, True)
+        return Location(table + ENVELOPE_SUFFIX, table, base, canonical_url(base), True)
     p = Path(src)
     if src.endswith(ENVELOPE_SUFFIX):
         folder, table = p.parent, p.name[: -len(ENVELOPE_SUFFIX)]
@@ -105,7 +105,33 @@ def locate(src: str) -> Location:
         folder, table = p.parent, p.name
     real = os.path.realpath(folder)  # once: publish may switch the folder while we read
     return Location(str(Path(real) / (table + ENVELOPE_SUFFIX)), str(Path(real) / table), real,
-                    os.path.abspath(folder), False)
+                    canonical_folder(real), False)
+
+
+def canonical_url(url: str) -> str:
+    """One spelling per folder URL: scheme and host lower case, no default port, no empty, `.` or
+    `..` path segments, no query or fragment (`//static/`, `/static/./` and `/static//` are one)."""
+    from urllib.parse import urlsplit, urlunsplit
+    import posixpath
+    u = urlsplit(url)
+    host = (u.hostname or "").lower()
+    port = u.port if u.port not in (None, {"http": 80, "https": 443}.get(u.scheme.lower())) else None
+    path = posixpath.normpath("/" + u.path.lstrip("/")) if u.path else "/"
+    path = "/" + path.lstrip("/")  # normpath keeps a leading '//'
+    if not path.endswith("/"):
+        path += "/"
+    return urlunsplit((u.scheme.lower(), host + (f":{port}" if port else ""), path, "", ""))
+
+
+def canonical_folder(real: str) -> str:
+    """A table folder by its real path; a publish site (`DIR/.NAME.sites/SERIAL-…`, which changes
+    with every publish) by the link publish keeps switching to it (`DIR/NAME`). Symlinks to either
+    name the same table."""
+    parent = os.path.dirname(real)
+    name = os.path.basename(parent)
+    if name.startswith(".") and name.endswith(".sites") and len(name) > len("..sites"):
+        return os.path.join(os.path.dirname(parent), name[1:-len(".sites")])
+    return real
 
 
 # ---------------------------------------------------------------- reading, bounded
@@ -285,7 +311,7 @@ def _resolve_key(pubkey, loc: Location, reader: Reader, cfg: Config, store: Trus
 
 def load_verified(src: str | os.PathLike | None = None, pubkey=None, insecure: bool = False,
                   quiet: bool = False, allow_rollback: bool = False, fresh: bool = True,
-                  ca: str | None = None) -> tuple[Table, dict]:
+                  ca: str | None = None, allow_legacy: bool = False) -> tuple[Table, dict]:
     """(table, info) after verification; info says what was checked (keyid, how the key was chosen).
 
     fresh=False skips expiry and rollback (diff's OLD table is old by design); allow_rollback
@@ -329,10 +355,21 @@ def load_verified(src: str | os.PathLike | None = None, pubkey=None, insecure: b
         if plain is not None and plain != payload:
             raise VerifyError(f"{loc.table}: differs from the signed payload in its envelope (tampered?)")
     table = _parse_table(payload, loc.envelope)
+    if table.serial is None and not allow_legacy:
+        # Schema 1 (older envbuild): no serial, expiry or file list, so no rollback or freshness
+        # check can hold for it.
+        raise TrustError(f"{loc.envelope}: a schema-{table.schema} table (no serial, expiry or file list): "
+                         "its publisher must publish again with this envbuild; --allow-legacy reads it anyway")
+    pinned = store.pinned(loc.identity) or {}
+    if pinned.get("table_id") and table.table_id != pinned["table_id"] and not allow_rollback:
+        raise TrustError(f"{loc.envelope}: table {table.table_id} is not the table {pinned['table_id']} pinned "
+                         f"for {loc.identity} (another table signed by the same key served here?); "
+                         "--allow-rollback reads it anyway")
     if fresh:
         check_fresh(table, k.key.keyid, loc.envelope, store, allow_rollback, quiet)
+    if k.pin_after or (pinned and not pinned.get("table_id") and table.table_id):
+        store.pin(loc.identity, {**k.key.to_dict(), "table_id": table.table_id})
     if k.pin_after:
-        store.pin(loc.identity, k.key.to_dict())
         print(f"envbuild: FIRST USE of the table at {loc.identity}: trusting its key {k.key.keyid} from now on "
               f"(pinned in {store.path}). Check this keyid with the table's publisher; pass --pubkey or configure "
               "`pubkey` to trust a key you obtained separately.", file=sys.stderr)
@@ -352,7 +389,8 @@ def check_fresh(table: Table, keyid: str, where: str, store: TrustStore, allow_r
             problems.append(f"expired at {table.expires} (serial {table.serial}); its publisher must publish again")
     elif not quiet:
         print(f"note: {where} has no expiry (published by an older envbuild)", file=sys.stderr)
-    last = store.last_serial(keyid)
+    series = f"{keyid}/{table.table_id}" if table.table_id else keyid  # serials count per table
+    last = store.last_serial(series)
     serial = table.serial or 0  # a table without a serial predates every table that has one
     if last is not None and serial < last:
         problems.append(f"serial {serial} is older than serial {last} already seen for key {keyid[:16]}… "
@@ -363,7 +401,7 @@ def check_fresh(table: Table, keyid: str, where: str, store: TrustStore, allow_r
         print(f"warning: {where}: " + "; ".join(problems) + " (read because of --allow-rollback)", file=sys.stderr)
         return
     if table.serial is not None and (last is None or table.serial > last):
-        store.saw(keyid, table.serial, where)
+        store.saw(series, table.serial, where)
 
 
 def _parse_table(data: bytes, where: str) -> Table:
@@ -379,5 +417,8 @@ def add_trust_arguments(p, pubkey_help: str = "public key JSON to verify against
     p.add_argument("--pubkey", help=f"{pubkey_help} (default: $ENVBUILD_PUBKEY, `pubkey` in config.toml, "
                                     "else the key pinned on first use)")
     p.add_argument("--allow-rollback", action="store_true",
-                   help="read an expired table, or one older than the newest seen (forensics only)")
+                   help="read an expired table, one older than the newest seen, or another table than "
+                        "the one pinned for its location (forensics only)")
+    p.add_argument("--allow-legacy", action="store_true",
+                   help="read a schema-1 table (no serial, expiry or file list: published by an older envbuild)")
     p.add_argument("--ca", metavar="FILE", help="CA bundle for an https table (default: config `ca`, SSL_CERT_FILE)")

@@ -35,6 +35,14 @@ def verify_files(table: Table, info: dict) -> int:
             raise TrustError(f"{path}: listed in the signed table but missing")
         if hashlib.sha256(data).hexdigest() != digest:
             raise TrustError(f"{path}: sha256 differs from the one the signed table lists (tampered?)")
+    if not loc.remote:  # a folder can be listed: a file the signature does not cover is named
+        import os
+        extra = sorted(rel for d, _, fs in os.walk(loc.base) for f in fs
+                       if (rel := os.path.relpath(os.path.join(d, f), loc.base)) not in table.files
+                       and rel not in ("compat.json", "compat.json.dsse"))
+        if extra:
+            raise TrustError(f"{loc.base}: file(s) present but not listed in the signed table: "
+                             + ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else ""))
     return len(table.files)
 
 
@@ -82,7 +90,8 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     if args.table and "@sha256:" in str(args.table):  # an image by digest: its attached attestations
         return verify_cli(args.table, args.pubkey)
-    table, info = load_verified(args.table, args.pubkey, allow_rollback=args.allow_rollback, ca=args.ca)
+    table, info = load_verified(args.table, args.pubkey, allow_rollback=args.allow_rollback, ca=args.ca,
+                                allow_legacy=getattr(args, "allow_legacy", False))
     n = verify_files(table, info)
     n_att = verify_attestations(table, info, args.pubkey) if args.attestations else None
     if getattr(args, "json", False):

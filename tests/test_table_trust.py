@@ -4,6 +4,7 @@ policy, coverage of every published file, atomic publish, one-line errors."""
 import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 from table_fixtures import combo, image, passed, rec, verdict, write_all
@@ -272,8 +273,9 @@ def test_concurrent_publishes_into_one_folder_leave_a_verifiable_table(site):
     load_verified(site["out"], site["pub"])
 
 
-def test_a_schema_1_table_still_reads_but_not_after_a_newer_serial(site, capsys):
-    """Old compat.json (no serial, expires or files) reads; replayed after a serial was seen, it is a rollback."""
+def test_a_schema_1_table_reads_only_when_allowed_and_not_after_a_newer_serial(site, capsys):
+    """Old compat.json (no serial, expires or files) is refused unless --allow-legacy (issue 27: no
+    freshness check can hold for it); replayed after a serial was seen, it is a rollback."""
     from envbuild.sign import load_signer, sign_envelope
     from envbuild.row import TABLE_PAYLOAD_TYPE
     d = json.loads((site["out"] / "compat.json").read_text())
@@ -286,9 +288,83 @@ def test_a_schema_1_table_still_reads_but_not_after_a_newer_serial(site, capsys)
     (old / "compat.json").write_bytes(data)
     (old / "compat.json.dsse").write_text(json.dumps(sign_envelope(data, TABLE_PAYLOAD_TYPE,
                                                                    load_signer(site["priv"]))))
-    t, _ = load_verified(old, site["pub"])
+    with pytest.raises(TrustError, match="schema-1 table .* --allow-legacy"):
+        load_verified(old, site["pub"])
+    t, _ = load_verified(old, site["pub"], allow_legacy=True)
     assert t.schema == 1 and t.serial is None and t.to_dict()["rows"] == d["rows"]
     assert "no expiry" in capsys.readouterr().err
     load_verified(site["out"], site["pub"])  # the current table: its serial is now remembered
     with pytest.raises(TrustError, match="serial 0 is older"):
-        load_verified(old, site["pub"])
+        load_verified(old, site["pub"], allow_legacy=True)
+
+
+# ---------------------------------------------------------------- one identity per table (issue 27)
+
+
+def test_one_spelling_per_location():
+    from envbuild.trust import canonical_url, locate
+    want = "https://tables.example/static/"
+    for url in ("https://tables.example/static/", "https://tables.example//static/", "https://Tables.Example:443/static/./",
+                "https://tables.example/static//", "https://tables.example/x/../static/"):
+        assert locate(url).identity == want, url
+    assert canonical_url("http://h:8080/a//b/.") == "http://h:8080/a/b/"
+
+
+def test_a_symlink_names_the_table_it_points_at(site, tmp_path):
+    """Pinned through one name, a key-2 table reached through a symlink to the same folder is not
+    a new first use."""
+    from envbuild.trust import locate
+    link = tmp_path / "alias"
+    link.symlink_to(site["out"])
+    assert locate(link).identity == locate(site["out"]).identity == str(site["out"])
+    load_verified(site["out"])  # first use: pins the key next to the table
+    _, pub2, _ = write_keypair(tmp_path / "keys2")
+    (os.path.realpath(site["out"]) and (site["out"] / "pubkey.json")).write_bytes(pub2.read_bytes())
+    with pytest.raises(TrustError, match="the key next to the table changed"):
+        load_verified(link)
+
+
+def test_serials_count_per_table_and_another_table_at_a_pinned_location_is_refused(tmp_path):
+    res = tmp_path / "results"
+    write_all(res, [rec(A, passed("env", "contract"), img=image(A), run=1)])
+    priv, pub, _ = write_keypair(tmp_path / "keys")
+    a, b = tmp_path / "a", tmp_path / "b"
+    ta = publish(res, priv, a)
+    write_all(res, [rec(B, passed("env"), img=image(B), run=2)])
+    tb = publish(res, priv, b)
+    assert ta.table_id and tb.table_id and ta.table_id != tb.table_id and tb.serial >= ta.serial
+    load_verified(a)  # first use of a: pins the key and a's table id
+    load_verified(b)  # one key, two tables: b's serial does not make a a rollback
+    load_verified(a)
+    import shutil
+    for f in Path(os.path.realpath(b)).iterdir():  # b's files served at a's location
+        if f.is_file():
+            shutil.copy2(f, Path(os.path.realpath(a)) / f.name)
+    with pytest.raises(TrustError, match="is not the table .* pinned for"):
+        load_verified(a)
+
+
+def test_concurrent_first_uses_keep_every_pin(tmp_path, run_cli):
+    import concurrent.futures
+    res = tmp_path / "results"
+    write_all(res, [rec(A, passed("env", "contract"), img=image(A), run=1)])
+    priv, _, _ = write_keypair(tmp_path / "keys")
+    outs = []
+    for i in range(12):
+        publish(res, priv, tmp_path / f"t{i}")
+        outs.append(tmp_path / f"t{i}")
+    with concurrent.futures.ThreadPoolExecutor(12) as ex:
+        procs = list(ex.map(lambda o: run_cli("verify", o), outs))
+    assert all(p.returncode == 0 for p in procs), [p.stderr for p in procs if p.returncode]
+    state = json.loads((Path(os.environ["ENVBUILD_STATE"]) / "trust.json").read_text())
+    assert set(state["keys"]) == {str(o) for o in outs}
+
+
+def test_verify_names_files_the_signature_does_not_cover(site, run_cli):
+    real = Path(os.path.realpath(site["out"]))
+    assert run_cli("verify", site["out"], "--pubkey", site["pub"]).returncode == 0
+    (real / "attestations").mkdir(exist_ok=True)
+    (real / "attestations" / "evil.dsse.json").write_text("{}")
+    (real / "evil.html").write_text("<script>")
+    p = run_cli("verify", site["out"], "--pubkey", site["pub"])
+    assert p.returncode == 2 and "present but not listed" in p.stderr and "evil.html" in p.stderr
