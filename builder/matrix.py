@@ -15,6 +15,8 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from packaging.version import InvalidVersion, Version
+
 from . import yamlsafe
 from .errors import InputError
 from .index import Metadata
@@ -165,6 +167,20 @@ class _Checker:
             self.fail(p, v, "expected a non-empty list")
         return [item(x, p + (i,)) for i, x in enumerate(v)]
 
+    def unique(self, values: list, p) -> list:
+        """A version listed twice (0.8.4 and 0.8.4, or 2.6 and 2.6.0) would plan one combination
+        twice and give CI two jobs of one name."""
+        seen: dict = {}
+        for i, v in enumerate(values):
+            try:
+                key = Version(v)
+            except InvalidVersion:
+                key = v
+            if key in seen:
+                self.fail(p + (i,), v, f"listed twice (also at index {seen[key]})")
+            seen[key] = i
+        return values
+
     def optional_list(self, v, p) -> list:
         """An optional list (include, exclude): absent or null is empty; anything else must be a list."""
         if v is None:
@@ -216,12 +232,13 @@ def load_matrix(path: str | Path) -> Matrix:
         if variant_of(parse_variant(name).kind, spec["toolkit"]) != parse_variant(name):
             c.fail(p + ("toolkit",), spec["toolkit"], f"does not match the variant name {name}")
 
-    python = c.lst(data["python"], ("python",), lambda v, p: c.string(v, p, PYTHON_RE, "a Python version 3.N"))
+    python = c.unique(c.lst(data["python"], ("python",), lambda v, p: c.string(v, p, PYTHON_RE, "a Python version 3.N")),
+                      ("python",))
     platforms = c.lst(data.get("platforms", [DEFAULT_PLATFORM]), ("platforms",), c.platform)
     if len(set(platforms)) != len(platforms):
         c.fail(("platforms",), platforms, "lists a platform twice")
     torch_axis = data.get("torch", "auto")
-    torch = None if torch_axis == "auto" else c.lst(torch_axis, ("torch",), c.version)
+    torch = None if torch_axis == "auto" else c.unique(c.lst(torch_axis, ("torch",), c.version), ("torch",))
 
     c.mapping(data["engines"], ("engines",), ENGINES)
     engines: dict[str, list[str]] = {}
@@ -231,8 +248,8 @@ def load_matrix(path: str | Path) -> Matrix:
                 c.fail(("engines", eng), versions, f"{eng} takes no versions: write `{eng}: true`")
             engines[eng] = [""]
         else:
-            engines[eng] = c.lst(versions, ("engines", eng), c.version)
-    verl = c.lst(data["verl"], ("verl",), c.version)
+            engines[eng] = c.unique(c.lst(versions, ("engines", eng), c.version), ("engines", eng))
+    verl = c.unique(c.lst(data["verl"], ("verl",), c.version), ("verl",))
 
     def axis_value(k, v, p):
         if k == "cuda":

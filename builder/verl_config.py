@@ -216,6 +216,9 @@ def parse_override(line: str):
         raise InputError("command line", None, "override", line, _parse_problem(str(e), line)) from None
     except RecursionError:
         raise InputError("command line", None, "override", line[:60], "nested too deeply") from None
+    except ValueError as e:  # Python's int() refuses numbers over 4300 digits
+        raise InputError("command line", None, "override", line[:60] + ("…" if len(line) > 60 else ""),
+                         f"not a value verl can take ({str(e).split(':')[0]})") from None
     if ov.is_sweep_override():
         raise InputError("command line", None, ov.key_or_group, line.partition("=")[2],
                          "comma-separated values are a Hydra sweep; write a list as [a,b] or quote the string")

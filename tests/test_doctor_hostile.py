@@ -96,3 +96,12 @@ def test_fifo_and_device_as_data_files_are_findings_not_hangs(tmp_path):
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
     assert f"FAIL  data.train_files[{fifo}]: {fifo} is not a regular file" in p.stdout
     assert "FAIL  data.val_files[/dev/zero]: /dev/zero is not a regular file" in p.stdout
+
+
+def test_huge_numbers_and_bad_timeouts_are_one_line(run_cli):
+    """Issue 27: a 5,000-digit override raised ValueError; --probe-timeout took -1 and nan."""
+    p = run_cli("doctor", "--skip", "env", "--skip", "ray", "--", "trainer.nnodes=" + "9" * 5000)
+    assert p.returncode == 2 and "Traceback" not in p.stderr and "not a value verl can take" in p.stderr
+    for bad in ("-1", "nan", "inf", "0"):
+        q = run_cli("doctor", "--probe-timeout", bad)
+        assert q.returncode == 2 and "positive number of seconds" in q.stderr, bad

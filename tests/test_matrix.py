@@ -262,7 +262,7 @@ HOSTILE = [
     ("schema: true", REAL.replace("schema: 1", "schema: true"), "schema", "unsupported"),
     ("hf: 1", REAL.replace("hf: true", "hf: 1"), "engines.hf", "no versions"),
     ("axes that expand to 10^7 combinations",
-     REAL.replace('verl: ["0.4.1",', "verl: [" + ", ".join(f'"0.{i}"' for i in range(1000)) + ', "0.4.1",')
+     REAL.replace('verl: ["0.4.1",', "verl: [" + ", ".join(f'"0.{i}.77"' for i in range(1000)) + ', "0.4.1",')
      .replace('vllm: ["0.8.4",', "vllm: [" + ", ".join(f'"1.{i}"' for i in range(2000)) + ', "0.8.4",'),
      "top", "combinations"),
     ("more nodes than a matrix needs", REAL + "x: [" + ", ".join(["1"] * 6000) + "]\n", "x.", "YAML nodes"),
@@ -414,3 +414,18 @@ def test_plan_from_the_command_line_maps_and_refuses(run_cli):
     assert "--vllm 0.8.5 means 0.8.5.post1" in p.stderr
     q = run_cli("plan", "--cuda", "cu126", "--vllm", "0.8.6")
     assert q.returncode == 2 and "nearest: 0.8.4, 0.8.5.post1" in q.stderr and len(q.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("field,dup", [("verl", '["0.4.1", "0.4.1"]'), ("python", '["3.11", "3.11"]'),
+                                        ("vllm", '["0.8.4", "0.8.4.0"]')])
+def test_a_version_listed_twice_is_refused_with_its_place(tmp_path, field, dup):
+    from envbuild.errors import InputError
+    from envbuild.matrix import load_matrix
+    base = {"verl": '["0.4.1"]', "python": '["3.11"]', "vllm": '["0.8.4"]', field: dup}
+    f = tmp_path / "m.yaml"
+    f.write_text("cuda:\n  cu124: {toolkit: '12.4', base: 'nvidia/cuda:12.4.1-devel-ubuntu22.04', glibc: '2.35', "
+                 "torch: '>=2.4'}\n"
+                 f"python: {base['python']}\nengines:\n  vllm: {base['vllm']}\nverl: {base['verl']}\n")
+    with pytest.raises(InputError, match="listed twice") as e:
+        load_matrix(f)
+    assert str(f) in str(e.value)

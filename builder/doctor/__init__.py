@@ -60,8 +60,8 @@ def add_arguments(p) -> None:
     p.add_argument("--platform", help="the platform whose row the table check reads (default: this machine's)")
     p.add_argument("--insecure", action="store_true",
                    help="skip the table's signature check (a match is then a warning, never a pass)")
-    p.add_argument("--probe-timeout", type=float, default=600.0, help="seconds for the probe (default 600)")
-    p.add_argument("--ray-timeout", type=float, default=90.0, help="seconds for the Ray query (default 90)")
+    p.add_argument("--probe-timeout", type=_seconds, default=600.0, help="seconds for the probe (default 600)")
+    p.add_argument("--ray-timeout", type=_seconds, default=90.0, help="seconds for the Ray query (default 90)")
 
 
 def run(args) -> int:
@@ -100,3 +100,16 @@ def print_report(results: list[Result], file=None) -> None:
                 print(f"      sample {k}: {v[:160]}", file=file)
     c = _counts(results)
     print(f"envbuild doctor: {c[FAIL]} fail, {c[WARN]} warn, {c[PASS]} pass, {c[SKIP]} skip", file=file)
+
+
+def _seconds(text: str) -> float:
+    """A positive, finite number of seconds (argparse names the flag and value on failure)."""
+    import argparse
+    import math
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(v) or v <= 0 or v > 7 * 86400:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds up to a week, not {text!r}")
+    return v
