@@ -146,3 +146,8 @@ def test_verl_091_with_its_pinned_vllm(tmp_path_factory):
     # verl 0.9.1's NVFP4 QAT paths import names vLLM 0.24.0 moved: reachable, so still failures.
     qat = rep["static"]["verl.utils.qat.vllm_patch"]["findings"]
     assert [(f["name"], f["gated"]) for f in qat] == [("swizzle_blockscale", False)]
+    # The call-signature contract (class 5) on the same wheels: verl 0.9.1 passes shared_experts=
+    # to vLLM 0.24.0's make_nvfp4_moe_kernel, which has no such parameter; nothing else in the
+    # engine-facing modules is reported.
+    calls = [(m, c["line"], c["problem"]) for m, r in rep["static"].items() for c in r["calls"]]
+    assert calls == [("verl.utils.modelopt.vllm_modelopt_patch", 435, "no parameter 'shared_experts'")]

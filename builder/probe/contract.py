@@ -16,6 +16,7 @@ from dataclasses import asdict
 from .classify import classify_exception
 from .envguard import guard
 from .ownership import applies, owner, verl_extras
+from .staticcalls import Trees, check_calls
 from .staticimports import ModuleIndex, check_module
 from .verdict import FAIL, NEEDS_GPU, NEEDS_HOME, NEEDS_NETWORK, NOT_APPLICABLE, PASS, Verdict
 from .vocab import ENGINE, ENGINE_SPECS, VERSION_GATED
@@ -244,6 +245,7 @@ def _static_checks(v: Verdict, static: dict) -> None:
                 failing.append(line)
         if imp is not None and imp.status == FAIL and lines:
             imp.detail = f"{imp.detail}\nstatic: " + "\nstatic: ".join(lines[:5])
+        _call_checks(v, mod, res.get("calls") or [])
         if failing:
             v.add(f"static:{mod}", FAIL, "\n".join(failing[:20]), "static-import-missing")
         elif lines:
@@ -253,6 +255,22 @@ def _static_checks(v: Verdict, static: dict) -> None:
             v.add(f"static:{mod}", PASS, f"{res['checked']} imports of {', '.join(static['targets'])} resolve"
                   + (f"; {len(skipped)} in code the installed versions never run not read "
                      f"({', '.join(skipped[:3])})" if skipped else ""))
+
+
+def _call_checks(v: Verdict, mod: str, calls: list[dict]) -> None:
+    """The static call-signature contract of one module: a call into the engine with arguments
+    the installed definition does not take fails when it runs (often inside an abort or wake-up
+    path that swallows the TypeError: the feature silently does nothing)."""
+    lines = []
+    for c in calls:
+        line = f"{c['file']}:{c['line']} {c['callee']}(): {c['problem']} (defined at {c['where']})"
+        if c.get("gated"):
+            v.caveat(VERSION_GATED, f"calls:{mod}", mod, f"{line} (only runs behind a version guard "
+                     "envbuild could not evaluate)")
+        else:
+            lines.append(line)
+    if lines:
+        v.add(f"calls:{mod}", FAIL, "\n".join(lines[:20]), "call-signature-drift")
 
 
 def static_report(engine: str, paths: list[str] | None = None) -> dict:
@@ -276,6 +294,7 @@ def static_report(engine: str, paths: list[str] | None = None) -> dict:
     # verl's are read against.
     targets = sorted(set(spec.modules) | {"torch", "transformers"})
     owners, static = {}, {}
+    trees = Trees()  # the engine's files, parsed once for every call into them
     needles = sorted({t.encode() for e in ENGINE_SPECS for t in e.modules | e.tokens})
     for mod in _all_modules(loc.dirs[0]):
         if mod not in facing and not _mentions(index, mod, needles):
@@ -290,7 +309,8 @@ def static_report(engine: str, paths: list[str] | None = None) -> dict:
             r = check_module(index, mod, set(targets))
             if r is not None:
                 static[mod] = {"checked": r[1], "findings": [asdict(f) for f in r[0]],
-                               "unreachable": index.unreachable[before:]}
+                               "unreachable": index.unreachable[before:],
+                               "calls": [asdict(f) for f in check_calls(index, mod, set(targets), trees)]}
     return {"owners": owners, "static": static, "targets": targets, "seconds": round(time.perf_counter() - t0, 4)}
 
 

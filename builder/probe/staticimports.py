@@ -49,6 +49,23 @@ class Summary:
     imports: list[ImportRef] = field(default_factory=list)
     functions: set[str] = field(default_factory=set)  # top-level functions
     uses: list[tuple[str, int, str | None]] = field(default_factory=list)  # (function, state, owner)
+    # local name -> (module, attribute or None), from every import in the module (None: bound to
+    # two different things, so a call through it is not resolved)
+    bindings: dict[str, tuple[str, str | None] | None] = field(default_factory=dict)
+    calls: list["CallRef"] = field(default_factory=list)
+
+
+@dataclass
+class CallRef:
+    """A call of a dotted name (`SamplingParams(n=2)`, `vllm_ops.foo(x)`), as written."""
+    line: int
+    callee: str
+    npos: int  # positional arguments
+    star: bool  # *args in the call: arity unknown
+    keywords: list[str]
+    kwsplat: bool  # **kwargs in the call
+    state: int
+    owner: str | None
 
 
 @dataclass
@@ -271,14 +288,20 @@ def summarize(path: str, dotted: str, is_pkg: bool, guards=None) -> Summary | No
                         s.names.update(gl.names)
 
     def _uses(node, state: int, owner: str | None):
-        # Loads of the module's own functions in this statement's own expressions (nested
-        # blocks are visited with their own state).
-        if not s.functions:
-            return
+        # Loads of the module's own functions, and calls of dotted names, in this statement's own
+        # expressions (nested blocks are visited with their own state).
         for e in _own_exprs(node):
             for n in ast.walk(e):
                 if isinstance(n, ast.Name) and n.id in s.functions and isinstance(n.ctx, ast.Load):
                     s.uses.append((n.id, state, owner))
+                elif isinstance(n, ast.Call):
+                    callee = _dotted(n.func)
+                    if callee:
+                        s.calls.append(CallRef(
+                            n.lineno, callee, sum(1 for a in n.args if not isinstance(a, ast.Starred)),
+                            any(isinstance(a, ast.Starred) for a in n.args),
+                            [k.arg for k in n.keywords if k.arg], any(k.arg is None for k in n.keywords),
+                            state, owner))
 
     def _dynamic(node):
         # globals().update(...) / exec(...) at module level bind names the tree does not show
@@ -286,9 +309,16 @@ def summarize(path: str, dotted: str, is_pkg: bool, guards=None) -> Summary | No
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("globals", "exec"):
                 s.lazy = True
 
+    def _bind(name: str, target: tuple[str, str | None]):
+        if name in s.bindings and s.bindings[name] != target:
+            s.bindings[name] = None
+        else:
+            s.bindings[name] = target
+
     def _imports(node, function: bool, conditional: bool, top: bool, state: int, owner: str | None):
         if isinstance(node, ast.Import):
             for a in node.names:
+                _bind(a.asname or a.name.split(".")[0], (a.name if a.asname else a.name.split(".")[0], None))
                 s.imports.append(ImportRef(node.lineno, a.name, None, function, conditional, state, owner))
                 if top:
                     s.names.add(a.asname or a.name.split(".")[0])
@@ -301,6 +331,7 @@ def summarize(path: str, dotted: str, is_pkg: bool, guards=None) -> Summary | No
                 if top:
                     s.stars.append(mod)
                 continue
+            _bind(a.asname or a.name, (mod, a.name))
             s.imports.append(ImportRef(node.lineno, mod, a.name, function, conditional, state, owner))
             if top:
                 s.names.add(a.asname or a.name)
@@ -310,6 +341,17 @@ def summarize(path: str, dotted: str, is_pkg: bool, guards=None) -> Summary | No
 
 
 _BLOCKS = ("body", "orelse", "finalbody", "handlers", "cases")
+
+
+def _dotted(e) -> str | None:
+    """`a.b.c` for a chain of attributes on a name; None for anything else."""
+    parts = []
+    while isinstance(e, ast.Attribute):
+        parts.append(e.attr)
+        e = e.value
+    if not isinstance(e, ast.Name):
+        return None
+    return ".".join([e.id, *reversed(parts)])
 
 
 def _own_exprs(node) -> list:
