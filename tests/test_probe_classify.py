@@ -109,3 +109,52 @@ def test_a_failure_in_standard_library_frames_names_the_package_that_broke(tmp_p
         c = classify_exception(e, "hf")
     assert "[at brokenpkg/__init__.py:3 <module>, in the standard library below it: dataclasses.py:" in c.detail, \
         c.detail
+
+
+def test_an_import_in_the_branch_taken_without_a_gpu_is_not_a_verdict(tmp_path, monkeypatch):
+    """Issue 26, class 1: an engine module that imports another engine's CPU kernels only when no
+    GPU is visible fails on a CPU host; a GPU host never runs that branch. The probe's import
+    check says needs-gpu (cpu-only-branch) there, and still fails a plain broken import."""
+    import importlib
+    import sys
+
+    from envbuild.probe.classify import device_branch
+    from envbuild.probe.contract import _import_check
+    from envbuild.probe.verdict import Verdict
+
+    site = tmp_path / "site"
+    (site / "eng2").mkdir(parents=True)
+    (site / "eng2" / "__init__.py").write_text("")
+    (site / "eng2" / "layers.py").write_text(
+        "def is_cuda():\n    return False\n\n"
+        "if not is_cuda():\n    from envbuild_other_engine._custom_ops import scaled_fp8_quant\n")
+    (site / "eng2" / "broken.py").write_text("from envbuild_other_engine._custom_ops import scaled_fp8_quant\n")
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    try:
+        import eng2.layers  # noqa: F401
+    except ImportError as e:
+        assert device_branch(e) == "eng2/layers.py:5 (under `if not is_cuda()`)".replace("eng2/", str(site) + "/eng2/")
+    v = Verdict(level="contract", engine="sglang")
+    _import_check(v, "eng2.layers", "sglang", on_gpu=False)
+    _import_check(v, "eng2.broken", "sglang", on_gpu=False)
+    _import_check(v, "eng2.layers", "sglang", on_gpu=True)
+    got = [(c.status, c.cause) for c in v.checks]
+    assert got[0] == ("needs-gpu", "cpu-only-branch") and "if not is_cuda()" in v.checks[0].detail
+    assert got[1][0] == "fail" and got[2][0] == "fail"
+    for m in ("eng2", "eng2.layers", "eng2.broken"):
+        sys.modules.pop(m, None)
+
+
+def test_engine_class_says_the_import_error_it_met():
+    import pytest
+
+    from envbuild.probe.engines import engine_class
+
+    def Engine(*a, **kw):  # a release that exports a factory
+        pass
+    with pytest.raises(ImportError, match="envbuild_no_such_engine_home"):
+        engine_class(Engine, "envbuild_no_such_engine_home.x:Engine", "json:NoSuchName")
+    with pytest.raises(AttributeError, match="no engine class"):
+        engine_class(Engine, "json:NoSuchName")
+    assert engine_class(Engine, "json:JSONDecoder") is __import__("json").JSONDecoder

@@ -176,6 +176,42 @@ def _classify_one(exc: BaseException, engine: str | None) -> Classified:
     return c
 
 
+_DEVICE_WORDS = ("cuda", "gpu", "cpu", "hip", "rocm", "npu", "xpu", "musa", "device", "is_available")
+
+
+def device_branch(exc: BaseException) -> str | None:
+    """Where an import failed inside a branch chosen by the device the host has
+    (`if not is_cuda(): from vllm._custom_ops import ...`): 'file:line (if not is_cuda())'. On a
+    host without a GPU such a branch is the CPU one, which a GPU host never runs: the failure
+    says nothing about the stack there. None when the failing line is under no such test."""
+    import ast
+
+    if not isinstance(exc, ImportError) or exc.__traceback__ is None:
+        return None
+    import traceback
+    frames = traceback.extract_tb(exc.__traceback__)
+    # the innermost frame outside importlib's machinery: the import statement that failed
+    f = next((f for f in reversed(frames) if not f.filename.startswith("<")), None)
+    if f is None or not f.filename.endswith(".py") or _is_stdlib(f.filename):
+        return None
+    try:
+        with open(f.filename, "rb") as fh:
+            tree = ast.parse(fh.read())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    test = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and node.lineno < f.lineno <= (node.end_lineno or node.lineno):
+            if test is None or node.lineno > test.lineno:  # the innermost enclosing if
+                test = node
+    if test is None:
+        return None
+    text = ast.unparse(test.test)
+    if not any(w in text.lower() for w in _DEVICE_WORDS):
+        return None
+    return f"{_frame(f).rsplit(' ', 1)[0]} (under `if {text[:80]}`)"
+
+
 def _where(exc: BaseException, frames: int = 3) -> str:
     """The innermost frames of the exception, shortest path first: 'pkg/mod.py:12 fn <- ...'.
     When those are all the standard library's (dataclasses, typing, importlib), the innermost frame

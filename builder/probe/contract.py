@@ -13,7 +13,7 @@ import sys
 import time
 from dataclasses import asdict
 
-from .classify import classify_exception
+from .classify import classify_exception, device_branch
 from .envguard import guard
 from .ownership import applies, owner, verl_extras
 from .staticcalls import Trees, check_calls
@@ -122,6 +122,12 @@ def _import_check(v: Verdict, name: str, engine: str, on_gpu: bool, declared: se
         return
     c = classify_exception(err, engine)
     status = FAIL if (c.status == NEEDS_GPU and on_gpu) else c.status
+    branch = device_branch(err) if not on_gpu and status in (FAIL, NOT_APPLICABLE) else None
+    if branch:
+        # The module took the branch for a host without a GPU (another engine's CPU kernels, say):
+        # a GPU host never runs it, so this host cannot judge the module.
+        status, c.cause = NEEDS_GPU, "cpu-only-branch"
+        c.detail = f"fails in the branch taken without a GPU, {branch}: {c.detail}"
     if own and status == NOT_APPLICABLE and c.cause == "other-engine":
         status, c.cause = FAIL, "engine-module-broken"
         c.detail = f"a module of this combination's engine ({engine}) fails: {c.detail}"
@@ -186,7 +192,7 @@ def run_contract(v: Verdict, expect: dict, engine: str, background: "Background 
     # The engine's entry points and the API features the gpu level relies on, where they apply.
     from .engines import api_checks
     with v.timed("engine_api"):
-        for name, status, detail, cause in api_checks(engine):
+        for name, status, detail, cause in api_checks(engine, on_gpu=on_gpu):
             if status == NEEDS_GPU and on_gpu:
                 status = FAIL
             v.add(f"api:{name}", status, detail, cause)

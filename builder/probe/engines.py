@@ -11,8 +11,8 @@ from __future__ import annotations
 import inspect
 import os
 
-from .classify import classify_exception
-from .verdict import FAIL, NOT_APPLICABLE, PASS
+from .classify import classify_exception, device_branch
+from .verdict import FAIL, NEEDS_GPU, NOT_APPLICABLE, PASS
 
 
 # ----------------------------------------------------------------------------- API checks
@@ -102,7 +102,9 @@ def verl_uses(name: str) -> bool | None:
     return False
 
 
-def api_checks(engine: str, versions=None) -> list[tuple[str, str, str, str | None]]:
+def api_checks(engine: str, versions=None, on_gpu: bool = True) -> list[tuple[str, str, str, str | None]]:
+    """`on_gpu`: the host has a GPU; without one, an import that fails in a branch the engine
+    takes only without a GPU cannot judge the engine (classify.device_branch): needs-gpu."""
     out = []
 
     def guarded(name, fn):
@@ -117,6 +119,10 @@ def api_checks(engine: str, versions=None) -> list[tuple[str, str, str, str | No
             if isinstance(e, KeyboardInterrupt):
                 raise
             c = classify_exception(e, engine)
+            branch = device_branch(e) if not on_gpu and c.status in (FAIL, NOT_APPLICABLE) else None
+            if branch:
+                c.status, c.cause = NEEDS_GPU, "cpu-only-branch"
+                c.detail = f"fails in the branch taken without a GPU, {branch}: {c.detail}"
             out.append((name, c.status, c.detail, c.cause))
 
     guarded("fsdp2", _check_fsdp2)
@@ -168,18 +174,24 @@ SGLANG_SERVER_ARGS = {"model_path", "mem_fraction_static", "skip_tokenizer_init"
 
 def engine_class(obj, *homes: str):
     """The class behind an entry point. Some releases export a function that builds the engine
-    lazily (`def Engine(*a, **kw)`); its class then lives in one of `homes` ('module:Name')."""
+    lazily (`def Engine(*a, **kw)`); its class then lives in one of `homes` ('module:Name'). When
+    no home has it and a home failed to import, that ImportError is what is wrong: it is raised
+    (classified as such), not hidden behind an AttributeError."""
     if inspect.isclass(obj):
         return obj
     import importlib
+    failed: ImportError | None = None
     for home in homes:
         mod, _, attr = home.partition(":")
         try:
             cls = getattr(importlib.import_module(mod), attr, None)
-        except ImportError:
+        except ImportError as e:
+            failed = failed or e
             continue
         if inspect.isclass(cls):
             return cls
+    if failed is not None:
+        raise failed
     raise AttributeError(f"{getattr(obj, '__qualname__', obj)} is a {type(obj).__name__}, and no engine class "
                          f"was found in {', '.join(homes)}")
 
