@@ -146,15 +146,18 @@ def test_an_import_in_the_branch_taken_without_a_gpu_is_not_a_verdict(tmp_path, 
         sys.modules.pop(m, None)
 
 
-def test_engine_class_says_the_import_error_it_met():
+def test_engine_class_says_the_import_error_it_met(tmp_path, monkeypatch):
     import pytest
 
     from envbuild.probe.engines import engine_class
 
+    (tmp_path / "envbuild_home_breaks.py").write_text("from envbuild_missing_dep_inside import x\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
     def Engine(*a, **kw):  # a release that exports a factory
         pass
-    with pytest.raises(ImportError, match="envbuild_no_such_engine_home"):
-        engine_class(Engine, "envbuild_no_such_engine_home.x:Engine", "json:NoSuchName")
+    with pytest.raises(ImportError, match="envbuild_missing_dep_inside"):
+        engine_class(Engine, "envbuild_absent_home.x:Engine", "envbuild_home_breaks:Engine")
     with pytest.raises(AttributeError, match="no engine class"):
         engine_class(Engine, "json:NoSuchName")
     assert engine_class(Engine, "json:JSONDecoder") is __import__("json").JSONDecoder

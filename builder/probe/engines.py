@@ -174,9 +174,10 @@ SGLANG_SERVER_ARGS = {"model_path", "mem_fraction_static", "skip_tokenizer_init"
 
 def engine_class(obj, *homes: str):
     """The class behind an entry point. Some releases export a function that builds the engine
-    lazily (`def Engine(*a, **kw)`); its class then lives in one of `homes` ('module:Name'). When
-    no home has it and a home failed to import, that ImportError is what is wrong: it is raised
-    (classified as such), not hidden behind an AttributeError."""
+    lazily (`def Engine(*a, **kw)`); its class then lives in one of `homes` ('module:Name'). A home
+    absent from this release is skipped; when no home has the class and one that exists failed to
+    import, that ImportError is what is wrong: it is raised (classified as such), not hidden
+    behind an AttributeError."""
     if inspect.isclass(obj):
         return obj
     import importlib
@@ -186,7 +187,9 @@ def engine_class(obj, *homes: str):
         try:
             cls = getattr(importlib.import_module(mod), attr, None)
         except ImportError as e:
-            failed = failed or e
+            absent = isinstance(e, ModuleNotFoundError) and e.name and (mod == e.name or mod.startswith(e.name + "."))
+            if not absent:  # the home exists in this release and broke while importing
+                failed = failed or e
             continue
         if inspect.isclass(cls):
             return cls
