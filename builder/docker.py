@@ -286,11 +286,12 @@ class Engine:
                  mounts: list[tuple[str, str, bool]] = (), env: dict[str, str] | None = None,
                  workdir: str | None = None, read_only: bool = False, tmpfs: list[str] = (),
                  shm_size: str | None = None, devices: list[str] = (), platform: str | None = None,
-                 pull: str = "missing") -> list[str]:
-        """`docker run` of a throw-away container on the host network (the only network here).
+                 pull: str = "missing", network: str = "host") -> list[str]:
+        """`docker run` of a throw-away container on the host network (the only network here), or
+        with `network="none"` on none at all (loopback only).
         mounts: (host path, container path, read-only); devices: the accelerator's arguments
         (host.container_device_args()); platform: another machine's image runs emulated."""
-        cmd = [self.client, "run", "--rm", *devices, "--pull", pull, "--name", name, "--network", "host"]
+        cmd = [self.client, "run", "--rm", *devices, "--pull", pull, "--name", name, "--network", network]
         if platform and platform != host_platform():
             cmd += ["--platform", platform]
         if read_only:

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import signal
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -142,6 +143,37 @@ def _finish(out_json: Path, rc: int | None, out: str, err: str, wall: float, lev
     return v
 
 
+# Run in a new network namespace (unshare, as an unprivileged user where user namespaces are
+# allowed), loopback brought up first: the in-image probe's `--network none` on a host.
+_NETNS_TRAMPOLINE = (
+    "import fcntl,os,socket,struct,sys\n"
+    "s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n"
+    "f=struct.unpack('16sH',fcntl.ioctl(s,0x8913,struct.pack('16sH22x',b'lo',0))[:18])[1]\n"
+    "fcntl.ioctl(s,0x8914,struct.pack('16sH22x',b'lo',f|1))\n"
+    "os.execvp(sys.argv[1],sys.argv[1:])\n")
+
+
+@lru_cache(maxsize=1)
+def _netns_works() -> bool:
+    exe = shutil.which("unshare")
+    if not exe:
+        return False
+    try:
+        return subprocess.run([exe, "--net", "--map-root-user", sys.executable, "-c", _NETNS_TRAMPOLINE, "true"],
+                              capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def isolated(cmd: list[str], python: str) -> tuple[list[str], str]:
+    """The command in a network namespace without interfaces but loopback, where this host allows
+    one; else as it is (the probe's audit hook still refuses Python's own sockets).
+    ENVBUILD_PROBE_NETWORK=host keeps the host's network."""
+    if os.environ.get("ENVBUILD_PROBE_NETWORK") == "host" or not _netns_works():
+        return cmd, "host (audit hook only)"
+    return ["unshare", "--net", "--map-root-user", python, "-c", _NETNS_TRAMPOLINE, *cmd], "none (network namespace)"
+
+
 def probe_here(*, level: str, engine: str, expect: dict, timeout: float | None = None, nproc: int = 1,
                python: str | None = None, extra_env: dict | None = None) -> dict:
     """Probe this Python environment (or `python`) in a child process, killed at its timeout."""
@@ -154,10 +186,11 @@ def probe_here(*, level: str, engine: str, expect: dict, timeout: float | None =
         env["PYTHONPATH"] = os.pathsep.join(p for p in (tmp, env.get("PYTHONPATH")) if p)
         out_json = Path(tmp) / "verdict.json"
         cmd = [*_launcher(python, nproc), *probe_args(level, engine, expect), "--json", str(out_json)]
+        cmd, network = isolated(cmd, python)
         # cwd: `python -m` puts it first on sys.path; a source checkout there would leak into the probe
         rc, out, err, wall = _run(cmd, timeout, env, lambda p: None, cwd=tmp)
         return _finish(out_json, rc, out, err, wall, level, engine, expect, timeout,
-                       {"mode": "here", "python": python, "cmd": cmd})
+                       {"mode": "here", "python": python, "cmd": cmd, "network": network})
 
 
 

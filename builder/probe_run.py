@@ -47,7 +47,12 @@ def _image_cmd(eng: Engine, name: str, tmp: str, image: str, level: str, engine:
                         name=name, entrypoint=python, mounts=mounts, read_only=True,
                         tmpfs=["/tmp:rw,exec,size=4g"], shm_size="2g", workdir="/tmp",
                         env={"HOME": "/tmp", "PYTHONPATH": IMAGE_PROBE_PARENT, "PYTHONDONTWRITEBYTECODE": "1"},
-                        devices=devices, platform=expect.get("platform"), pull=pull)
+                        devices=devices, platform=expect.get("platform"), pull=pull,
+                        # The probe needs no network (its model is built offline; loopback stays):
+                        # any client below Python (a tokenizer's own HTTP code) fails fast there
+                        # and is classified needs-network, instead of succeeding on a host that
+                        # happens to reach the internet.
+                        network="none")
 
 
 def _docker_failed(rc: int | None, out: str, err: str, wrote: bool, level: str, engine: str, expect: dict,

@@ -66,6 +66,15 @@ def make_broken_site(root: Path) -> Path:
         "envbuild_inner_broken/__init__.py": "import envbuild_missing_inside_a_package\n",
         # verl.third_party.vllm asks for vLLM's metadata: with the hf engine, another engine's module
         "verl/workers/rollout/vllm_version.py": "from importlib.metadata import version\nversion('vllm')\n",
+        # a vocabulary fetched at import by a client below Python (the audit hook never sees it)
+        "verl/workers/rollout/native_vocab.py": (
+            "import subprocess\n"
+            "import os\n"
+            "url = os.environ.get('ENVBUILD_TEST_VOCAB_URL', 'https://vocab.envbuild-probe.invalid/bpe.json')\n"
+            "r = subprocess.run(['curl', '-sSf', '--max-time', '20', '-o', '/dev/null', url],\n"
+            "                   capture_output=True, text=True)\n"
+            "if r.returncode:\n"
+            "    raise RuntimeError('could not download the vocabulary: ' + r.stderr.strip())\n"),
         "verl/workers/sharding_manager/__init__.py": "",
         "verl/workers/sharding_manager/fsdp_fake.py": "X = 1\n",
         "verl/utils/__init__.py": "",  # not engine-facing: never imported
@@ -168,6 +177,12 @@ def test_probe_reports_broken_environment(broken_site):
     c = checks["pip-check"]
     assert c["status"] == "fail" and "envbuild-nonexistent-dependency" in c["detail"]
     assert v["runner"]["mode"] == "here" and v["runner"]["exit_code"] == 1
+    # Issue 26, class 2: where the host allows a network namespace, the probe runs in one, so a
+    # native client fails fast and the import is "works, needs network", naming what it reached.
+    if v["runner"]["network"].startswith("none") and shutil.which("curl"):
+        c = checks["import:verl.workers.rollout.native_vocab"]
+        assert (c["status"], c["cause"]) == ("needs-network", "needs-network"), c
+        assert any(cv["module"] == "verl.workers.rollout.native_vocab" for cv in v["caveats"])
 
 
 def test_only_the_installed_torchs_library_variant_is_read(tmp_path):
@@ -211,3 +226,21 @@ def test_real_per_torch_release_package(tmp_path):
     name = dist.metadata["Name"]
     assert len(rep.other_torch[name]) == 12 - len(loaded) and rep.scanned[name] == len(loaded)
     assert [p for p in rep.problems if p.kind == "undefined-symbol"] == []
+
+
+@pytest.mark.network
+def test_a_native_client_reaches_the_index_unless_the_probe_is_isolated(broken_site, monkeypatch):
+    """The same import, fetching from a host this machine reaches (the configured package index):
+    on the host's network it passes and nobody learns it needs the network; in the probe's network
+    namespace it is needs-network. Only the namespace makes the caveat independent of the host."""
+    from envbuild.index import default_index_url
+    from envbuild.probe_exec import _netns_works, probe_here
+    if not (_netns_works() and shutil.which("curl")):
+        pytest.skip("no unprivileged network namespace or no curl here")
+    env = {"PYTHONPATH": str(broken_site), "CUDA_VISIBLE_DEVICES": "", "ENVBUILD_TEST_VOCAB_URL": default_index_url() + "/"}
+    got = {}
+    for mode in ("host", "isolated"):
+        monkeypatch.setenv("ENVBUILD_PROBE_NETWORK", mode)
+        v = probe_here(level="contract", engine="hf", expect={}, timeout=600, extra_env=env)
+        got[mode] = next(c for c in v["checks"] if c["name"] == "import:verl.workers.rollout.native_vocab")["status"]
+    assert got == {"host": "pass", "isolated": "needs-network"}

@@ -119,7 +119,10 @@ _NETWORK = re.compile(
     r"Temporary failure in name resolution|Name or service not known|nodename nor servname|"
     r"Network is unreachable|urlopen error|getaddrinfo failed|OfflineModeIsEnabled|offline mode is enabled|"
     r"HF_HUB_OFFLINE|couldn't connect to 'https?://|LocalEntryNotFoundError|"
-    r"Cannot find the requested files in the (?:disk )?cache and outgoing traffic has been disabled")
+    r"Cannot find the requested files in the (?:disk )?cache and outgoing traffic has been disabled|"
+    # clients below Python (Rust's reqwest, libcurl) in a namespace or container without a network
+    r"error sending request for url|dns error|failed to lookup address information|Could not resolve (?:host|proxy)|"
+    r"Couldn't resolve host")
 
 
 def _network(t: str) -> str | None:
