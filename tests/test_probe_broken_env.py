@@ -244,3 +244,32 @@ def test_a_native_client_reaches_the_index_unless_the_probe_is_isolated(broken_s
         v = probe_here(level="contract", engine="hf", expect={}, timeout=600, extra_env=env)
         got[mode] = next(c for c in v["checks"] if c["name"] == "import:verl.workers.rollout.native_vocab")["status"]
     assert got == {"host": "pass", "isolated": "needs-network"}
+
+
+def test_abi_flavour_and_torch_release_are_told_apart():
+    """Issue 26, class 6: which side is wrong, from the symbols alone."""
+    from envbuild.probe.extcheck import abi_diagnosis
+    new = "_ZN3c106detail14torchCheckFailEPKcS2_jRKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE"
+    old = "_ZN3c106detail14torchCheckFailEPKcS2_jRKSs"
+    assert "pre-C++11 string ABI (_GLIBCXX_USE_CXX11_ABI=0), torch with the C++11 one" in abi_diagnosis(old, {new}, None)
+    assert "C++11 string ABI (_GLIBCXX_USE_CXX11_ABI=1), torch without it" in abi_diagnosis(new, {old}, None)
+    assert "built for another torch release" in abi_diagnosis("_ZN3c105Error4whatEv", {new}, None)
+    assert abi_diagnosis("_ZN3c104Type3getEi", set(), "c10::Type::get(long)").startswith(
+        "torch exports it as c10::Type::get(long): built for another torch release")
+
+
+@pytest.mark.network
+def test_a_real_extension_of_the_other_abi_flavour(tmp_path):
+    """torchaudio 2.6.0 was built against torch 2.6 (the pre-C++11 ABI); the installed torch
+    (2.7 and later on PyPI) has the C++11 ABI: each missing c10 symbol is demangled and says so."""
+    import importlib.metadata as md
+    if int(md.version("torch").split(".")[1]) < 7:
+        pytest.skip("needs a torch with the C++11 ABI")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--only-binary=:all:",
+                    "--disable-pip-version-check", "--target", str(tmp_path), "--python-version", "3.11",
+                    "torchaudio==2.6.0"], check=True, timeout=600)
+    dist = next(md.distributions(path=[str(tmp_path)]))
+    rep = check_extensions([dist], installed=[dist])
+    sym = [p for p in rep.problems if p.kind == "undefined-symbol" and "torchCheckFail" in p.what]
+    assert sym and "c10::detail::torchCheckFail(char const*" in sym[0].what
+    assert "pre-C++11 string ABI (_GLIBCXX_USE_CXX11_ABI=0), torch with the C++11 one (=1)" in sym[0].what

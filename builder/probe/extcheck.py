@@ -228,9 +228,67 @@ def check_extensions(dists: list[md.Distribution] | None = None,
                         if ver.startswith("GLIBC_2.") and version_key(ver) > version_key("GLIBC_" + glibc):
                             rep.problems.append(ExtProblem(name, rel, "glibc-too-old", f"{ver} (have {glibc})"))
     names = demangle([s for _n, _r, s in missing_syms])
+    by_name = _exports_by_name(exports, names, missing_syms)
     for n, r, s in missing_syms:
-        rep.problems.append(ExtProblem(n, r, "undefined-symbol", f"{names[s]} ({s})" if names[s] != s else s))
+        what = f"{names[s]} ({s})" if names[s] != s else s
+        why = abi_diagnosis(s, exports, by_name.get(_bare(names[s])), names[s])
+        rep.problems.append(ExtProblem(n, r, "undefined-symbol", f"{what}: {why}" if why else what))
     return rep
+
+
+# std::string as the two C++ ABIs mangle it: _GLIBCXX_USE_CXX11_ABI=1 (std::__cxx11::basic_string)
+# and =0 (the old copy-on-write string, `Ss`).
+_CXX11_STRING = "NSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE"
+_OLD_STRING = "Ss"
+
+
+_NEW_ABI = ("the extension was built with the C++11 string ABI (_GLIBCXX_USE_CXX11_ABI=1), torch without it "
+            "(=0): a wheel of the other ABI flavour is needed")
+_OLD_ABI = ("the extension was built with the pre-C++11 string ABI (_GLIBCXX_USE_CXX11_ABI=0), torch with the "
+            "C++11 one (=1): a wheel of the other ABI flavour is needed")
+
+
+def abi_diagnosis(sym: str, exports: set[str], torch_has: str | None, demangled: str = "") -> str:
+    """Which side is wrong, in words: the extension's C++ string ABI against torch's, or the
+    function torch exports under another signature (built for another torch release)."""
+    if _CXX11_STRING in sym and sym.replace(_CXX11_STRING, _OLD_STRING) in exports:
+        return _NEW_ABI
+    if _CXX11_STRING not in sym and "Ss" in sym and _swap_old(sym) in exports:
+        return _OLD_ABI
+    if torch_has and "basic_string" in torch_has and "basic_string" in demangled:
+        ours, theirs = "__cxx11::" in demangled, "__cxx11::" in torch_has
+        if ours != theirs:  # the same function, strings mangled the other way (substitutions differ)
+            return _NEW_ABI if ours else _OLD_ABI
+    if torch_has:
+        return f"torch exports it as {torch_has}: built for another torch release"
+    return "not in the installed torch: built for another torch release"
+
+
+def _swap_old(sym: str) -> str:
+    # `Ss` only where it stands for std::string: after a qualifier or at a parameter boundary.
+    return re.sub(r"(?<=[A-Z0-9_])Ss(?=[A-Z0-9_E]|$)", _CXX11_STRING, sym)
+
+
+def _bare(demangled: str) -> str:
+    """`c10::Device::str() const` -> `c10::Device::str`: a function's name without its signature."""
+    return demangled.split("(", 1)[0].strip()
+
+
+def _exports_by_name(exports: set[str], names: dict, missing) -> dict[str, str]:
+    """For each missing function's bare name, one torch export of that name (demangled), if any:
+    only the exports whose mangled form carries the name are demangled."""
+    want = {_bare(names[s]) for _n, _r, s in missing if names[s] != s}
+    if not want:
+        return {}
+    leaves = {w.rsplit("::", 1)[-1] for w in want}
+    cand = [e for e in exports if any(f"{len(x)}{x}" in e for x in leaves)][:20000]
+    dem = demangle(cand)
+    out: dict[str, str] = {}
+    for e in cand:
+        b = _bare(dem.get(e, e))
+        if b in want and b not in out:
+            out[b] = dem.get(e, e)
+    return out
 
 
 _LD_CACHE: set[str] | None = None
