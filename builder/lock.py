@@ -73,6 +73,13 @@ _NET_RE = re.compile(r"(error sending request|Could not connect|connection (refu
 # uv answering from its cache alone ("the network was disabled", UV_OFFLINE=1, --offline): a "no
 # solution" then says what the cache lacks, not what the index holds. Infrastructure, never cached.
 _OFFLINE_RE = re.compile(r"network (?:was|is) disabled|offline mode|--offline", re.I)
+# uv refusing a release that a dependency pins exactly but that was yanked afterwards ("Because
+# futures==3.1.1 was yanked (reason: ...) and pkg==5.0.1 depends on futures==3.1.1"). pip
+# installs such a pin with a warning; uv only when it is asked for directly.
+_YANKED_RE = re.compile(r"([A-Za-z0-9_.\-]+)==([A-Za-z0-9_.+!\-]+?),? (?:was yanked|is unusable because it was yanked)"
+                        r"(?: \(reason: ([^)]*)\))?")
+_PINNED_BY_RE = (r"(?:([A-Za-z0-9_.\-]+)==([A-Za-z0-9_.+!\-]+)|all versions of ([A-Za-z0-9_.\-]+)) depends? on "
+                 r"{name}==\s*{version}\b")
 # uv's hint when the era cutoff hid what a requirement needs.
 _FILTERED_RE = re.compile(r"`([A-Za-z0-9_.\-]+)` was filtered by `exclude-newer(?:-package)?` to only include packages uploaded "
                           r"before [^.]*\.(?: The latest version satisfying the requirement is v?(\S+), published "
@@ -362,6 +369,8 @@ class Locker:
     def _resolve(self, reqs: list[str], when: str, c: Combo, src: TorchSource) -> dict:
         lifts: dict[str, str] = {}  # package -> its own cutoff
         taken: dict[str, str] = {}  # package -> the upload date it needed
+        yanked: list[str] = []  # notes: yanked pins taken as pip takes them
+        reqs = list(reqs)
         for _ in range(MAX_RELAX + 1):
             # The same resolution as pylock.toml (which names every file of every pin) runs
             # beside it: it tells which pins have no wheel, at no cost in wall time.
@@ -371,6 +380,12 @@ class Locker:
                 pl = side.result()
             if d["status"] != "unsatisfiable":
                 break
+            pins = self._yanked_pins(d["text"], reqs)
+            if pins:
+                for req, note in pins:
+                    reqs.append(req)  # stated directly: uv then takes it (hash-pinned like the rest)
+                    yanked.append(note)
+                continue
             new = {}
             for m in _FILTERED_RE.finditer(d["text"]):
                 name = canonicalize_name(m.group(1))
@@ -383,7 +398,7 @@ class Locker:
                 taken[name] = date
                 lifts[name] = (dt.date.fromisoformat(date) + dt.timedelta(days=1)).isoformat()
         notes = [f"{name} taken from {date}: no earlier release on the index satisfies the requirement "
-                 f"(era {when})" for name, date in sorted(taken.items())]
+                 f"(era {when})" for name, date in sorted(taken.items())] + yanked
         d["relaxed"] = notes if d["status"] == "ok" else []
         d["era"] = when
         if d["status"] == "unsatisfiable" and notes:
@@ -391,6 +406,24 @@ class Locker:
         if d["status"] != "ok":
             return d
         return self._sdists(d, pl, c)
+
+    @staticmethod
+    def _yanked_pins(text: str, reqs: list[str]) -> list[tuple[str, str]]:
+        """(requirement, note) for each yanked release a dependency pins exactly (what
+        `pip install` of the stack gets, with a warning), not yet stated directly."""
+        out = []
+        have = {canonicalize_name(r.split("==")[0]) for r in reqs if "==" in r}
+        for m in _YANKED_RE.finditer(text):
+            name, version, reason = canonicalize_name(m.group(1)), m.group(2), m.group(3)
+            by = re.search(_PINNED_BY_RE.format(name=re.escape(m.group(1)), version=re.escape(version)), text)
+            if name in have or not by:
+                continue  # asked for directly already, or not an exact pin of a dependency
+            have.add(name)
+            who = f"{by.group(1)} {by.group(2)}" if by.group(1) else by.group(3)
+            out.append((f"{name}=={version}", f"{name} {version} is yanked"
+                        + (f" ({reason.strip()})" if reason else "") + f"; taken because {who} "
+                        "pins it exactly, as pip install does (with a warning)"))
+        return out
 
     def _first_upload_after(self, name: str, when: str) -> str | None:
         try:

@@ -65,10 +65,11 @@ class LocalIndex:
                     body = json.dumps({"meta": {"api-version": "1.1"}, "name": project, "files": [
                         {"filename": e["filename"], "url": f"/files/{root}/{e['filename']}",
                          "hashes": {"sha256": e["sha256"]}, "size": e["size"], "upload-time": e["uploaded"],
-                         "yanked": False} for e in entries]}).encode()
+                         "yanked": e.get("yanked", False)} for e in entries]}).encode()
                     ctype = "application/vnd.pypi.simple.v1+json"
                 else:
-                    links = "".join(f'<a href="/files/{root}/{html.escape(e["filename"])}#sha256={e["sha256"]}">'
+                    links = "".join(f'<a href="/files/{root}/{html.escape(e["filename"])}#sha256={e["sha256"]}"'
+                                    + (f' data-yanked="{html.escape(str(e["yanked"]))}"' if e.get("yanked") else "") + '>'
                                     f'{html.escape(e["filename"])}</a><br/>\n' for e in entries)
                     body = f"<!DOCTYPE html><html><body>\n{links}</body></html>\n".encode()
                     ctype = "text/html"
@@ -122,8 +123,9 @@ class LocalIndex:
     def url(self, root: str) -> str:
         return f"{self.root_url}/{root}"
 
-    def add(self, root: str, src: Path, uploaded: str, name: str | None = None) -> dict:
-        """Serve the real file `src` under `root` (as `name`, when given), uploaded at `uploaded`."""
+    def add(self, root: str, src: Path, uploaded: str, name: str | None = None, yanked: str | None = None) -> dict:
+        """Serve the real file `src` under `root` (as `name`, when given), uploaded at `uploaded`;
+        `yanked`: the reason it was yanked (PEP 592)."""
         name = name or Path(src).name
         dest = self.dir / root / name
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -134,6 +136,8 @@ class LocalIndex:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
         entry = {"filename": name, "sha256": h.hexdigest(), "size": dest.stat().st_size, "uploaded": uploaded}
+        if yanked:
+            entry["yanked"] = yanked
         self.files.setdefault((root, project_of(name)), []).append(entry)
         return entry
 

@@ -96,3 +96,52 @@ def test_unsatisfiable_without_the_artefact_stays_unsatisfiable(index):
                         TorchSource("cu124", "cu124", None))
     assert d["status"] == "unsatisfiable"
     assert "six" in d["text"] and d["relaxed"] == []
+
+
+def _wheel(d: Path, name: str, version: str, requires: list[str] = ()) -> Path:
+    """A minimal pure-Python wheel (what the index serves is all uv reads of it)."""
+    import base64
+    import hashlib
+    import zipfile
+    path = d / f"{name}-{version}-py3-none-any.whl"
+    di = f"{name}-{version}.dist-info"
+    files = {f"{name}/__init__.py": "",
+             f"{di}/METADATA": "Metadata-Version: 2.1\n" f"Name: {name}\nVersion: {version}\n"
+                               + "".join(f"Requires-Dist: {r}\n" for r in requires),
+             f"{di}/WHEEL": "Wheel-Version: 1.0\nGenerator: envbuild-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = "".join(f"{k},sha256={base64.urlsafe_b64encode(hashlib.sha256(v.encode()).digest()).rstrip(b'=').decode()},"
+                     f"{len(v.encode())}\n" for k, v in files.items()) + f"{di}/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as z:
+        for k, v in {**files, f"{di}/RECORD": record}.items():
+            z.writestr(k, v)
+    return path
+
+
+def test_a_yanked_release_pinned_exactly_by_a_dependency_is_taken_as_pip_takes_it(tmp_path, monkeypatch,
+                                                                                   isolated_cache):
+    """Issue 26, class 12: engine==X pins dep==Y exactly and Y was yanked later. pip installs Y
+    with a warning; uv refuses it unless asked for directly, so the lock was `unsatisfiable`.
+    Now Y is stated directly (hash-pinned like every pin) and the row's notes say so."""
+    idx = LocalIndex(tmp_path / "index")
+    w = tmp_path / "w"
+    w.mkdir()
+    idx.add("simple", _wheel(w, "enginepkg", "1.0", ["tokpkg==4.51.0"]), "2024-03-01T00:00:00Z")
+    idx.add("simple", _wheel(w, "tokpkg", "4.51.0"), "2024-02-01T00:00:00Z", yanked="broken tokenizer config")
+    idx.add("simple", _wheel(w, "tokpkg", "4.51.1"), "2024-02-15T00:00:00Z")
+    monkeypatch.setenv("UV_DEFAULT_INDEX", idx.url("simple"))
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uvc"))
+    indexmod.default_index_url.cache_clear()
+    try:
+        locker = Locker(load_matrix(default_matrix()), Metadata(index=idx.url("simple"), snapshot="/dev/null"))
+        d = locker._resolve(["enginepkg==1.0"], "2024-04-01", _combo(), TorchSource("cu124", "cu124", None))
+        assert d["status"] == "ok", d["text"]
+        pins = parse_lock(d["text"])
+        assert pins["tokpkg"][0] == "4.51.0" and pins["tokpkg"][1]  # the yanked pin, with its hash
+        assert d["relaxed"] == ["tokpkg 4.51.0 is yanked (broken tokenizer config); taken because enginepkg "
+                                "pins it exactly, as pip install does (with a warning)"]
+        # a yanked release nobody pins exactly is still not taken
+        d2 = locker._resolve(["tokpkg<4.51.1"], "2024-04-01", _combo(), TorchSource("cu124", "cu124", None))
+        assert d2["status"] == "unsatisfiable"
+    finally:
+        idx.close()
+        indexmod.default_index_url.cache_clear()
