@@ -62,6 +62,19 @@ class AttachResult:
     manifests: list[str] = field(default_factory=list)
 
 
+def stamped(st: dict) -> dict:
+    """A test result carries when it was attested, inside what is signed (predicate.envbuild.
+    attested: time and a serial, epoch milliseconds): readers pick the newest by it and refuse an
+    older one than they saw, whatever the registry's unsigned annotations or layer order say."""
+    from .sign import TEST_RESULT_PREDICATE
+    if st.get("predicateType") != TEST_RESULT_PREDICATE:
+        return st  # the SBOM and the provenance carry their own signed times
+    st = json.loads(json.dumps(st))
+    pred = st.setdefault("predicate", {})
+    pred.setdefault("envbuild", {})["attested"] = {"at": _now(), "serial": time.time_ns() // 1_000_000}
+    return st
+
+
 def attach_all(image_ref: str, statements: list[dict], key, registry: Registry | None = None) -> AttachResult:
     """Sign each statement with `key` (path to the PEM, or a signer) and attach it to the image.
 
@@ -79,7 +92,7 @@ def attach_all(image_ref: str, statements: list[dict], key, registry: Registry |
         kind = BY_PREDICATE.get(st.get("predicateType"))
         if kind is None:
             raise InputError(image_ref, None, "predicateType", st.get("predicateType"), "not an envbuild attachment kind")
-        envelopes.append((kind, _canon(sign_statement(st, signer))))
+        envelopes.append((kind, _canon(sign_statement(stamped(st), signer))))
     reg = registry or Registry(host)
     subject = reg.head_manifest(name, digest)
     if subject is None:

@@ -57,6 +57,8 @@ KINDS = (
          "slsaprovenance1"),
 )
 BY_PREDICATE = {k.predicate_type: k for k in KINDS}
+MAX_ENVELOPE_BYTES = 16 << 20  # a signed statement: an SBOM of a large image is a few MiB
+MAX_ATTACHMENTS = 256  # layers of an .att manifest, or referrers of one image: ours are 3 per kind set
 _PINNED = re.compile(r"^(?P<repo>[^@\s]+)@(?P<digest>sha256:[0-9a-f]{64})$")
 
 
@@ -96,6 +98,8 @@ def fetch(image_ref: str, registry: Registry | None = None) -> tuple[Descriptor 
         return None, []
     out: list[Attached] = []
     refs = reg.referrers(name, digest)
+    if refs and len(refs) > MAX_ATTACHMENTS:
+        raise VerifyError(f"{image_ref}: {len(refs)} referrers (more than {MAX_ATTACHMENTS}): refused")
     for desc in refs or []:
         got = reg.get_manifest(name, desc.get("digest", ""))
         if not got:
@@ -111,19 +115,28 @@ def _envelopes_of(reg: Registry, name: str, body: bytes, source: str, where: str
                   want_subject: str | None = None) -> list[Attached]:
     try:
         m = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return []
-    if want_subject and (m.get("subject") or {}).get("digest") != want_subject:
+    if not isinstance(m, dict):  # a JSON list or string where a manifest belongs: not ours
+        return []
+    subject = m.get("subject") if isinstance(m.get("subject"), dict) else {}
+    if want_subject and subject.get("digest") != want_subject:
         return []  # a referrers index listing a manifest about something else: not this image's
-    created = (m.get("annotations") or {}).get(CREATED)
+    ann = m.get("annotations") if isinstance(m.get("annotations"), dict) else {}
+    created = ann.get(CREATED) if isinstance(ann.get(CREATED), str) else None
+    layers = m.get("layers") if isinstance(m.get("layers"), list) else []
+    if len(layers) > MAX_ATTACHMENTS:
+        raise VerifyError(f"{where}: {len(layers)} layers (more than {MAX_ATTACHMENTS}): refused")
     out = []
-    for layer in m.get("layers") or []:
-        if not isinstance(layer, dict) or layer.get("mediaType") != DSSE_MEDIA_TYPE:
+    for layer in layers:
+        if not isinstance(layer, dict) or layer.get("mediaType") != DSSE_MEDIA_TYPE \
+                or not isinstance(layer.get("digest"), str) or not re.fullmatch(r"sha256:[0-9a-f]{64}", layer["digest"]):
             continue
-        raw = reg.get_blob(name, layer.get("digest", ""))
+        raw = reg.get_blob(name, layer["digest"], max_bytes=MAX_ENVELOPE_BYTES)
         if raw is None:
             continue
-        out.append(Attached(source, (layer.get("annotations") or {}).get("predicateType"), raw, created,
+        la = layer.get("annotations") if isinstance(layer.get("annotations"), dict) else {}
+        out.append(Attached(source, la.get("predicateType"), raw, created,
                             f"{where} layer {layer.get('digest', '')[:19]}…"))
     return out
 
@@ -148,8 +161,31 @@ class Report:
     sources: set[str]
 
 
-def verify_image(image_ref: str, pubkey, registry: Registry | None = None) -> Report:
-    """Fetch and check every attachment; raise VerifyError naming every problem."""
+def signed_time(kind: str, st: dict) -> tuple:
+    """The order of two valid statements of one kind, from what is signed: a test result's
+    attested serial, the SBOM's metadata.timestamp, the provenance's runDetails.metadata times."""
+    pred = st.get("predicate") if isinstance(st.get("predicate"), dict) else {}
+    if kind == "test-result":
+        att = ((pred.get("envbuild") or {}).get("attested") or {}) if isinstance(pred.get("envbuild"), dict) else {}
+        serial = att.get("serial") if isinstance(att, dict) else None
+        return (serial if isinstance(serial, int) and not isinstance(serial, bool) else -1,)
+    if kind == "sbom":
+        t = (pred.get("metadata") or {}).get("timestamp") if isinstance(pred.get("metadata"), dict) else None
+        return (str(t or ""),)
+    md = ((pred.get("runDetails") or {}).get("metadata") or {}) if isinstance(pred.get("runDetails"), dict) else {}
+    return (str(md.get("finishedOn") or md.get("startedOn") or "") if isinstance(md, dict) else "",)
+
+
+def attested_serial(rep: "Report") -> int | None:
+    got = signed_time("test-result", rep.checked["test-result"].statement)[0]
+    return got if got >= 0 else None
+
+
+def verify_image(image_ref: str, pubkey, registry: Registry | None = None, allow_rollback: bool = False,
+                 remember: bool = True) -> Report:
+    """Fetch and check every attachment; raise VerifyError naming every problem. Of several valid
+    statements of a kind the newest by its signed time counts; a test result older than one seen
+    before for this digest (the state dir) is refused unless `allow_rollback`."""
     key = load_public_key(pubkey)
     _, _, digest = parse_image_ref(image_ref)
     subject, found = fetch(image_ref, registry)
@@ -202,8 +238,28 @@ def verify_image(image_ref: str, pubkey, registry: Registry | None = None) -> Re
                             f"({len(found)} attachment(s) found)")
     if problems:
         raise VerifyError("; ".join(problems))
-    checked = {n: max(v, key=lambda c: c.created or "") for n, v in valid.items()}
-    return Report(image_ref, key.keyid, checked, ignored, {a.source for a in found})
+    # The registry's `created` annotation and layer order are unsigned: anyone who can push could
+    # put an old, validly signed PASSED first. Only the signed time orders them.
+    checked = {n: max(v, key=lambda c: (signed_time(n, c.statement), c.created or "")) for n, v in valid.items()}
+    rep = Report(image_ref, key.keyid, checked, ignored, {a.source for a in found})
+    _fresh(rep, digest, allow_rollback, remember)
+    return rep
+
+
+def _fresh(rep: Report, digest: str, allow_rollback: bool, remember: bool) -> None:
+    from .state import TrustStore
+    serial = attested_serial(rep)
+    if serial is None:
+        return  # attached by an older envbuild: nothing signed to order by
+    store = TrustStore.load()
+    key = f"attested:{digest}"
+    last = store.last_serial(key)
+    if last is not None and serial < last and not allow_rollback:
+        raise VerifyError(f"{rep.image}: the newest valid test result (attested serial {serial}) is older than "
+                          f"one seen before for this image (serial {last}): a rollback, or a stale registry; "
+                          "--allow-rollback reads it anyway (forensics)")
+    if remember and (last is None or serial > last):
+        store.saw(key, serial, rep.image)
 
 
 def describe(rep: Report) -> list[str]:
@@ -242,12 +298,12 @@ def describe(rep: Report) -> list[str]:
     return lines
 
 
-def verify_cli(image_ref: str, pubkey) -> int:
+def verify_cli(image_ref: str, pubkey, allow_rollback: bool = False) -> int:
     """`envbuild verify IMAGE@sha256:…`: print the report; VerifyError (a trust failure) otherwise."""
     pubkey = pubkey or os.environ.get("ENVBUILD_PUBKEY")
     if not pubkey:
         raise VerifyError("verifying an image needs a pinned key: pass --pubkey KEY (or set $ENVBUILD_PUBKEY)")
-    for line in describe(verify_image(image_ref, pubkey)):
+    for line in describe(verify_image(image_ref, pubkey, allow_rollback=allow_rollback)):
         print(line)
     return 0
 
@@ -260,7 +316,8 @@ def is_image_ref(arg: str) -> bool:
 
 
 
-def check_picked(row, pubkey=None, info: dict | None = None, quiet: bool = False) -> Report:
+def check_picked(row, pubkey=None, info: dict | None = None, quiet: bool = False,
+                 allow_rollback: bool = False) -> Report:
     """Before `pick` answers: the picked row's image's attestations, against the key that verified
     the table (or --pubkey / $ENVBUILD_PUBKEY). Raises VerifyError. `row`: a table row (dict or
     object with .pinned) or the image reference itself."""
@@ -274,7 +331,7 @@ def check_picked(row, pubkey=None, info: dict | None = None, quiet: bool = False
         key = near if near.exists() else None
     if key is None:
         raise VerifyError("--verify-attestations needs the table's key: pass --pubkey KEY")
-    rep = verify_image(image_ref, key)
+    rep = verify_image(image_ref, key, allow_rollback=allow_rollback)
     if not isinstance(row, (str, dict)):  # a table row: what the image attests must be what it says
         why = attested_disagreement(row, rep.checked["test-result"].statement.get("predicate") or {})
         if why:

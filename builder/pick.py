@@ -111,7 +111,7 @@ def run(args) -> int:
     if row and args.verify_attestations:  # the image's own attestations (envbuild.attest)
         from .attest import check_picked
 
-        check_picked(row, args.pubkey, info, quiet=args.json)
+        check_picked(row, args.pubkey, info, quiet=args.json, allow_rollback=args.allow_rollback)
     if args.json:
         out = {"ref": (None if a.in_place else row.pinned) if row else None,
                "level": ((row.in_place.get("best_level") if a.in_place else row.best_level) if row else None),

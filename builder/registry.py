@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
+import time
 from dataclasses import dataclass
 
 import oras.provider
@@ -65,11 +67,38 @@ class _Oras(oras.provider.Registry):
     do_request = oras.provider.Registry.do_request.__wrapped__
 
 
-class Registry:
-    """One registry host. `name` arguments are repository paths without the host."""
+MAX_MANIFEST_BYTES = 4 << 20  # an image or attestation manifest is a few kB; a referrers index too
+MAX_READ_SECONDS = 60.0  # one registry conversation (a verify): past it, whatever is left is refused
 
-    def __init__(self, host: str, timeout: float = DEFAULT_TIMEOUT):
+
+def _abort(r: requests.Response) -> None:
+    """End a read blocked on a server that drips bytes: closing the response from another thread
+    does not wake a recv(); shutting the socket down does."""
+    import socket
+    for path in (("raw", "_fp", "fp", "raw", "_sock"), ("raw", "_connection", "sock")):
+        obj = r
+        for attr in path:
+            obj = getattr(obj, attr, None)
+            if obj is None:
+                break
+        if obj is not None:
+            try:
+                obj.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+    r.close()
+
+
+class Registry:
+    """One registry host. `name` arguments are repository paths without the host.
+
+    Reads are bounded the way remote tables are: every body is read in pieces up to a size cap
+    (manifests 4 MiB, blobs by the caller's cap), and all requests of one Registry share one
+    deadline (`deadline_s`), enforced by closing the response of a server that drips bytes."""
+
+    def __init__(self, host: str, timeout: float = DEFAULT_TIMEOUT, deadline_s: float = MAX_READ_SECONDS):
         self.host = host
+        self._ends = time.monotonic() + deadline_s
         loop = is_loopback(host)
         self._r = _Oras(hostname=host, insecure=loop)
         s = self._r.session
@@ -94,11 +123,13 @@ class Registry:
         self._auth_loaded.add(name)
 
     def request(self, method: str, name: str, path: str, *, headers: dict | None = None,
-                data: bytes | None = None, url: str | None = None) -> requests.Response:
+                data: bytes | None = None, url: str | None = None, stream: bool = False) -> requests.Response:
         self._load_auth(name)
         url = url or f"{self.base}/{name}/{path}"
+        if time.monotonic() > self._ends:
+            raise InfraError("registry-unreachable", f"{self.host}: no answer within the deadline")
         try:
-            r = self._r.do_request(url, method, data=data, headers=dict(headers or {}))
+            r = self._r.do_request(url, method, data=data, headers=dict(headers or {}), stream=stream)
         except requests.exceptions.RequestException as e:
             raise InfraError("registry-unreachable", f"{self.host}: {type(e).__name__}: {e}")
         except ValueError as e:  # oras: "Cannot respond to request for authentication."
@@ -106,6 +137,32 @@ class Registry:
         if r.status_code in (401, 403):
             raise InfraError("registry-auth", f"{method} {url}: HTTP {r.status_code} (check `docker login {self.host}`)")
         return r
+
+    def _read(self, r: requests.Response, cap: int, what: str) -> bytes:
+        """The body, at most `cap` bytes, within the deadline (a watchdog closes a response that
+        drips; reading then fails and is infrastructure)."""
+        left = self._ends - time.monotonic()
+        if left <= 0:
+            r.close()
+            raise InfraError("registry-unreachable", f"{self.host}: {what}: no answer within the deadline")
+        timer = threading.Timer(left, _abort, (r,))
+        timer.daemon = True
+        timer.start()
+        out = bytearray()
+        try:
+            for chunk in r.iter_content(65536):
+                out += chunk
+                if len(out) > cap:
+                    raise InfraError("registry-error", f"{self.host}: {what}: larger than {cap >> 20} MiB: refused")
+        except (requests.exceptions.RequestException, AttributeError, ValueError, OSError) as e:
+            raise InfraError("registry-unreachable",
+                             f"{self.host}: {what}: the body did not arrive within the deadline ({type(e).__name__})")
+        finally:
+            timer.cancel()
+            r.close()
+        if time.monotonic() > self._ends:
+            raise InfraError("registry-unreachable", f"{self.host}: {what}: no answer within the deadline")
+        return bytes(out)
 
     def _fail(self, r: requests.Response, what: str) -> InfraError:
         try:
@@ -131,12 +188,13 @@ class Registry:
                           int(r.headers.get("Content-Length") or 0))
 
     def get_manifest(self, name: str, ref: str) -> tuple[Descriptor, bytes] | None:
-        r = self.request("GET", name, f"manifests/{ref}", headers={"Accept": ", ".join(MANIFEST_TYPES)})
+        r = self.request("GET", name, f"manifests/{ref}", headers={"Accept": ", ".join(MANIFEST_TYPES)}, stream=True)
         if r.status_code == 404:
+            r.close()
             return None
         if r.status_code != 200:
             raise self._fail(r, f"GET {name}:{ref}")
-        body = r.content
+        body = self._read(r, MAX_MANIFEST_BYTES, f"manifest {name}:{ref}")
         digest = sha256_digest(body)
         if ref.startswith("sha256:") and ref != digest:
             raise InfraError("registry-error", f"{name}@{ref}: the registry served bytes with digest {digest}")
@@ -175,12 +233,13 @@ class Registry:
         return d
 
     def get_blob(self, name: str, digest: str, max_bytes: int = 64 << 20) -> bytes | None:
-        r = self.request("GET", name, f"blobs/{digest}")
+        r = self.request("GET", name, f"blobs/{digest}", stream=True)
         if r.status_code == 404:
+            r.close()
             return None
         if r.status_code != 200:
             raise self._fail(r, f"GET {name} blob {digest}")
-        body = r.content[: max_bytes + 1]
+        body = self._read(r, max_bytes, f"blob {digest[:19]}…")
         if len(body) > max_bytes or sha256_digest(body) != digest:
             raise InfraError("registry-error", f"{name} blob {digest}: content does not match its digest")
         return body
@@ -189,11 +248,12 @@ class Registry:
     def referrers(self, name: str, digest: str) -> list[dict] | None:
         """The descriptors that name `digest` as their subject; None when the registry has
         no referrers API (it answers 404 for the endpoint, or something that is not an index)."""
-        r = self.request("GET", name, f"referrers/{digest}", headers={"Accept": OCI_INDEX})
+        r = self.request("GET", name, f"referrers/{digest}", headers={"Accept": OCI_INDEX}, stream=True)
         if r.status_code != 200:
+            r.close()
             return None
         try:
-            idx = r.json()
+            idx = json.loads(self._read(r, MAX_MANIFEST_BYTES, f"referrers of {digest[:19]}…"))
         except ValueError:
             return None
         if not isinstance(idx, dict) or not isinstance(idx.get("manifests"), list):

@@ -89,7 +89,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     if args.table and "@sha256:" in str(args.table):  # an image by digest: its attached attestations
-        return verify_cli(args.table, args.pubkey)
+        return verify_cli(args.table, args.pubkey, allow_rollback=args.allow_rollback)
     table, info = load_verified(args.table, args.pubkey, allow_rollback=args.allow_rollback, ca=args.ca,
                                 allow_legacy=getattr(args, "allow_legacy", False))
     n = verify_files(table, info)

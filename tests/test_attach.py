@@ -370,3 +370,38 @@ def test_the_sboms_layer_order_comes_from_the_rendered_model_and_must_match_the_
     (tmp_path / f"{combo.id}.json").unlink()
     with pytest.raises(InputError, match="missing or unreadable"):
         attach._layer_order(ctx, locks)
+
+
+def test_an_old_passed_result_cannot_stand_in_for_a_newer_failed_one(keys):
+    """Issue 27: the newest test result is chosen by its signed attested serial, not by the
+    registry's unsigned `created` annotation or layer order; once a newer one was seen for a
+    digest, an older one alone is a rollback."""
+    priv, pub, _ = keys
+    reg = FakeRegistry(referrers=False)
+    try:
+        ref, digest = _image(reg)
+        stmts = statements_for(ref.split("@")[0], digest)
+        attach.attach_all(ref, stmts, priv)
+        tag, m = _tag_manifest(reg, digest)
+        old_pass = next(l for l in m["layers"] if l["annotations"]["predicateType"] == TEST_RESULT_PREDICATE)
+        failed = json.loads(json.dumps(stmts))
+        failed[0]["predicate"]["result"] = "FAILED"
+        failed[0]["predicate"]["envbuild"]["status"] = "broken"
+        attach.attach_all(ref, failed, priv)
+        assert attest.verify_image(ref, pub).checked["test-result"].statement["predicate"]["result"] == "FAILED"
+        # Someone who can push puts the old, validly signed PASSED back first, dated 2999.
+        tag, m = _tag_manifest(reg, digest)
+        m["layers"].insert(0, {**old_pass, "annotations": {**old_pass["annotations"], attest.CREATED: "2999-01-01T00:00:00Z"}})
+        m["annotations"] = {attest.CREATED: "2999-01-01T00:00:00Z"}
+        _store(reg, "envbuild/verl", tag, m)
+        assert attest.verify_image(ref, pub).checked["test-result"].statement["predicate"]["result"] == "FAILED"
+        # ... and removes the FAILED one: the old PASSED alone is a rollback for a reader that saw it.
+        m["layers"] = [l for l in m["layers"] if l["annotations"]["predicateType"] != TEST_RESULT_PREDICATE
+                       or l["digest"] == old_pass["digest"]]
+        _store(reg, "envbuild/verl", tag, m)
+        with pytest.raises(VerifyError, match="older than one seen before"):
+            attest.verify_image(ref, pub)
+        rep = attest.verify_image(ref, pub, allow_rollback=True)  # forensics
+        assert rep.checked["test-result"].statement["predicate"]["result"] == "WARNED"
+    finally:
+        reg.close()
