@@ -17,7 +17,9 @@ from pathlib import Path
 
 from . import image
 from .selector import add_selector_args
-from .errors import EnvbuildError, InputError
+from .outcome import exit_of_lock
+from .probe.vocab import EXIT_INFRA
+from .errors import EnvbuildError, InfraError, InputError
 from .fsutil import write_atomic
 from .index import Metadata
 from .layers import ImageModel
@@ -147,7 +149,10 @@ def run(args) -> int:
             state["locker"] = Locker(m, meta)
         lock = state["locker"].lock(c, args.locks)
         if not lock.ok:
-            raise EnvbuildError(f"{c.id}: cannot bake: lock {lock.status}: {' '.join(lock.detail.split())[:300]}")
+            why = f"{c.id}: cannot bake: lock {lock.status}: {' '.join(lock.detail.split())[:300]}"
+            if exit_of_lock(lock.status) == EXIT_INFRA:  # the index, not the stack
+                raise InfraError(lock.status, why)
+            raise EnvbuildError(why)
         render_combo(c, lock, base_for(c, args.base), rendered_dir)
 
     rendered = collect_rendered(pl.combos, rendered_dir, render_missing)

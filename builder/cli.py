@@ -92,6 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"envbuild {args.command}: interrupted", file=sys.stderr)
         return 130
+    except OSError as e:  # a file-system error no module named: one line, infrastructure
+        from .errors import INFRA  # noqa: F811 - the exit code of infrastructure
+        print(f"envbuild {args.command}: {e.filename or ''}{': ' if e.filename else ''}{e.strerror or e}",
+              file=sys.stderr)
+        return INFRA
 
 
 def _unknown_flags(parser, args, extra: list[str]) -> int:

@@ -8,7 +8,20 @@ import re
 import tempfile
 from pathlib import Path
 
-from .errors import InputError
+import errno
+
+from .errors import InfraError, InputError
+
+# The disk itself failed or filled: infrastructure. Anything else about a path (missing, a file
+# where a folder belongs, no permission) is the path the user gave: bad input, named.
+_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS)
+
+
+def path_error(path: str | os.PathLike, e: OSError) -> InputError | InfraError:
+    where = e.filename or str(path)
+    if e.errno in _DISK:
+        return InfraError("disk", f"{where}: {e.strerror or e}")
+    return InputError(str(path), None, "path", str(where), f"cannot write here ({e.strerror or e})")
 
 # A name taken from data (a combination id, a keyid) that becomes one path component: no
 # separator, no leading dot or dash, no "..", no control character, bounded length.
@@ -17,10 +30,13 @@ _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,200}")
 
 def write_atomic(path: str | os.PathLike, data: bytes | str, mode: int = 0o644) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     if isinstance(data, str):
         data = data.encode()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise path_error(path, e) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -28,11 +44,13 @@ def write_atomic(path: str | os.PathLike, data: bytes | str, mode: int = 0o644) 
             os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(e, OSError):
+            raise path_error(path, e) from None
         raise
     return path
 

@@ -19,3 +19,16 @@ def test_an_error_under_json_is_json(run_cli):
     assert p.returncode == 2
     err = json.loads(p.stdout)["error"]
     assert err["command"] == "lock" and err["exit_code"] == 2 and "--vllm='9.9'" in err["message"]
+
+
+def test_an_unwritable_output_is_one_line_naming_the_path(run_cli, tmp_path):
+    """Issue 27: unwritable output paths raised tracebacks (exit 1, the code of a verdict)."""
+    f = tmp_path / "a-file"
+    f.write_text("")
+    bad = f / "sub"  # a file where a folder belongs
+    for args in (["keygen", "--out", bad], ["ci", "github", "--out", bad],
+                 ["render", "--verl", "0.4.1", "--hf", "--cuda", "cu124", "--out", bad],
+                 ["discover", "--write", bad / "p.yaml"]):
+        p = run_cli(*args)
+        assert p.returncode == 2 and "Traceback" not in p.stderr, (args, p.stderr[-500:])
+        assert str(bad) in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr

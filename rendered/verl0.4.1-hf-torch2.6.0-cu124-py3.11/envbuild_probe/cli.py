@@ -1,0 +1,148 @@
+"""`python -m envbuild.probe` (in images: `python -m envbuild_probe`): run levels, write one verdict."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+from .verdict import ERROR, FAIL, Verdict, write_json
+from .vocab import ENGINES, EXIT_INFRA, EXIT_OF_STATUS, LEVELS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="envbuild-probe", description=__doc__.splitlines()[0])
+    p.add_argument("--level", choices=LEVELS, default="contract", help="a level includes the levels below it")
+    p.add_argument("--engine", choices=ENGINES, required=True)
+    p.add_argument("--expect-cuda", help="CUDA of the combination, e.g. 12.4 (or 'cpu')")
+    p.add_argument("--expect-torch")
+    p.add_argument("--expect-engine-version")
+    p.add_argument("--expect-verl")
+    p.add_argument("--expect-platform", help="the image's platform, e.g. linux/arm64")
+    p.add_argument("--json", dest="json_out", help="write the verdict here (default: stdout)")
+    p.add_argument("--scratch", help="writable folder for the tiny model (default: a temp dir)")
+    p.add_argument("--levels-dir", help="also write each level's verdict to DIR/<level>.json as soon as that "
+                   "level ends (one process judges every level; the caller reads them as they appear)")
+    p.add_argument("--stop-at-failure", action="store_true",
+                   help="run no level above one that fails or errs (the levels above build on it)")
+    g = p.add_argument_group("gpu level")
+    g.add_argument("--engine-dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    g.add_argument("--prompts", type=int, default=4)
+    g.add_argument("-n", type=int, default=4, help="responses per prompt (GRPO group size, >= 2)")
+    g.add_argument("--max-tokens", type=int, default=16)
+    g.add_argument("--tol-max", type=float, help="override the calibrated logprob tolerance (max abs)")
+    g.add_argument("--tol-mean", type=float, help="override the calibrated logprob tolerance (mean abs)")
+    g.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def run(args: argparse.Namespace) -> Verdict:
+    expect = {k: val for k, val in (("cuda", args.expect_cuda), ("torch", args.expect_torch),
+                                    ("engine_version", args.expect_engine_version), ("verl", args.expect_verl),
+                                    ("platform", args.expect_platform)) if val}
+    v = Verdict(level=args.level, engine=args.engine, expect=expect)
+    upto = LEVELS[:LEVELS.index(args.level) + 1]
+    # The probe's own modules are imported before the CUDA warm-up thread starts importing torch:
+    # two threads importing the same standard modules at once can see one half-initialised.
+    from .env_level import run_env
+    if "contract" in upto:
+        # Its child readers start with the contract level, beside verl's import: while torch
+        # imports, `pip check` already takes the second core (bench/probe_speed.json).
+        from .contract import run_contract
+    if "gpu" in upto:
+        from . import engines, extcheck, tiny_model, train  # noqa: F401  (imported lazily by the levels)
+        from .gpu_level import GpuOptions, run_gpu
+        _warm_cuda()
+    steps = {"env": lambda: run_env(v, expect, args.engine)}
+    if "contract" in upto:
+        steps["contract"] = lambda: run_contract(v, expect, args.engine)
+    if "gpu" in upto:
+        opt = GpuOptions(prompts=args.prompts, n=args.n, max_tokens=args.max_tokens,
+                         engine_dtype=args.engine_dtype, tol_max=args.tol_max, tol_mean=args.tol_mean,
+                         seed=args.seed, scratch=args.scratch)
+        steps["gpu"] = lambda: run_gpu(v, expect, args.engine, opt)
+    for lv in upto:
+        broke = False
+        try:
+            with v.timed(lv), v.at_level(lv):
+                steps[lv]()
+        except Exception:  # a bug in the probe is "error", never a verdict on the stack
+            v.add("probe", ERROR, traceback.format_exc()[-2000:], "probe-error")
+            broke = True
+        if args.levels_dir and int(os.environ.get("RANK", "0")) == 0:
+            # A level includes those below it, so the verdict so far is this level's verdict.
+            write_json(os.path.join(args.levels_dir, f"{lv}.json"), v.to_dict(level=lv))
+        if broke or (args.stop_at_failure and v.status in (FAIL, ERROR)):
+            break
+    return v
+
+
+# Offline and quiet: the probe must never reach a hub, and progress bars only clutter the logs.
+QUIET_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+             "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false", "TQDM_DISABLE": "1"}
+
+
+def _warm_cuda() -> None:
+    """Create the CUDA context and load cuBLAS in a thread while the levels below import their
+    modules: context creation is seconds of the gpu level's wall time, and needs no Python."""
+    import threading
+
+    def warm():
+        try:
+            import torch
+            if torch.cuda.is_available():
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))  # this thread only
+                x = torch.ones(64, 64, device="cuda")
+                (x @ x).sum().item()
+        except BaseException:
+            pass  # the gpu level reports whatever is wrong with CUDA
+
+    threading.Thread(target=warm, name="probe-cuda-warmup", daemon=True).start()
+
+
+def main(argv: list[str] | None = None) -> int:
+    for k, val in QUIET_ENV.items():
+        os.environ.setdefault(k, val)
+    # The probe judges the installed environment: `python -m` put the working directory first on
+    # sys.path, and a source checkout there (verl's, envbuild's) must not stand in for it.
+    here = os.getcwd()
+    sys.path[:] = [p for p in sys.path if p not in ("", here)]
+    args = build_parser().parse_args(argv)
+    if args.n < 2:
+        print("envbuild-probe: -n must be >= 2 (GRPO needs a group)", file=sys.stderr)
+        return 2  # bad input, as on the host
+    v = run(args)
+    d = v.to_dict()
+    d["timings"]["process"] = round(time.time() - _process_start(), 4)
+    if int(os.environ.get("RANK", "0")) == 0:
+        if args.json_out:
+            write_json(args.json_out, d)
+        else:
+            json.dump(d, sys.stdout, indent=2, sort_keys=True, default=str)
+            print()
+        _summary(d)
+    return EXIT_OF_STATUS.get(d["status"], EXIT_INFRA)  # the host's table: an error is infrastructure
+
+
+def _process_start() -> float:
+    """Wall-clock start of this process (imports included), from /proc; falls back to now."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.time()
+
+
+def _summary(d: dict) -> None:
+    for c in d["checks"]:
+        if c["status"] not in ("pass", "not-applicable", "skipped"):
+            first = (c["detail"] or "").splitlines()[0][:160] if c["detail"] else ""
+            print(f"  {c['status']:<15} {c['name']}: {first}", file=sys.stderr)
+    print(f"probe {d['level']}/{d['engine']}: {d['status']} ({len(d['checks'])} checks, "
+          f"{d['timings'].get('process', 0):.1f}s)", file=sys.stderr)

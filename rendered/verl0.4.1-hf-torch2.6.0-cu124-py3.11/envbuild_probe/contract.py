@@ -1,0 +1,418 @@
+"""Level 2, contract (no GPU needed): verl's engine-facing modules import, the engine offers the API
+the gpu level uses, and native extensions match the installed torch."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+
+from .classify import classify_exception, device_branch
+from .envguard import guard
+from .ownership import applies, owner, verl_extras
+from .staticcalls import Trees, check_calls
+from .staticimports import ModuleIndex, check_module
+from .verdict import FAIL, NEEDS_GPU, NEEDS_HOME, NEEDS_NETWORK, NOT_APPLICABLE, PASS, Verdict
+from .vocab import ENGINE, ENGINE_SPECS, VERSION_GATED
+
+# verl folders whose modules touch the rollout engine (discovered by name, not listed by hand),
+# and verl's patches of transformers' models (where transformers drift breaks first).
+ENGINE_FACING = ("rollout", "sharding_manager")
+FACING_PATHS = (("models", "transformers"),)
+
+
+def gpu_present() -> bool:
+    try:
+        import torch
+        return bool(torch.cuda.is_available())
+    except BaseException:
+        return False
+
+
+def discover_verl_modules(root: str | None = None) -> list[str] | None:
+    """Every module under a verl folder named *rollout* or *sharding_manager*, or under
+    verl/models/transformers, found on disk without importing verl (its __init__ may be what is
+    broken)."""
+    if root is None:
+        spec = importlib.util.find_spec("verl")
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        root = list(spec.submodule_search_locations)[0]
+    mods = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__" and not d.startswith("."))
+        rel = os.path.relpath(dirpath, root)
+        parts = [] if rel == "." else rel.split(os.sep)
+        if not any(any(key in p for key in ENGINE_FACING) for p in parts) and \
+                not any(tuple(parts[:len(fp)]) == fp for fp in FACING_PATHS):
+            continue
+        if "__init__.py" not in filenames:
+            continue  # not a package: never imported by verl
+        mods.append(".".join(["verl", *parts]))
+        for f in sorted(filenames):
+            if f.endswith(".py") and f != "__init__.py":
+                mods.append(".".join(["verl", *parts, f[:-3]]))
+    return mods
+
+
+def verl_declared() -> set[str]:
+    """Normalised names of what the installed verl declares it needs (no extras)."""
+    import importlib.metadata as md
+
+    out = set()
+    try:
+        reqs = md.requires("verl") or []
+    except md.PackageNotFoundError:  # verl on the path without package metadata (a source checkout)
+        return out
+    for req in reqs:
+        if re.search(r"\bextra\s*==", req):
+            continue
+        m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", req)
+        if m:
+            out.add(re.sub(r"[-.]+", "_", m.group(1)).lower())
+    return out
+
+
+def _undeclared_optional(e: BaseException, declared: set[str] | None) -> str | None:
+    """The missing top-level module, when a verl module itself imports a package that is not
+    installed at all and that verl does not declare: an optional dependency of a feature
+    (verl 0.4's async chat server needs `openai`), not a broken stack. A missing submodule of an
+    installed package is API drift, and an ImportError raised inside another package is that
+    package's problem: both stay failures. A missing *declared* dependency fails pip check."""
+    if declared is None or not isinstance(e, ModuleNotFoundError) or not e.name:
+        return None
+    top = e.name.split(".")[0]
+    if e.name != top or importlib.util.find_spec(top) is not None or top.lower() in declared:
+        return None
+    tb = e.__traceback__
+    last = None
+    while tb is not None:
+        last = tb.tb_frame.f_code.co_filename
+        tb = tb.tb_next
+    spec = importlib.util.find_spec("verl")
+    roots = list(spec.submodule_search_locations or []) if spec else []
+    if last and any(os.path.abspath(last).startswith(os.path.abspath(r) + os.sep) for r in roots):
+        return top
+    return None
+
+
+def _import_check(v: Verdict, name: str, engine: str, on_gpu: bool, declared: set[str] | None = None,
+                  own: bool = False) -> None:
+    """Import one module under the environment guard. `own`: the module belongs to this
+    combination's engine, so an error naming another engine is a failure, not not-applicable."""
+    t0 = time.perf_counter()
+    with guard() as needs:
+        try:
+            importlib.import_module(name)
+            err = None
+        except BaseException as e:  # SystemExit and friends included: an import must not end the probe
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            err = e
+    check = f"import:{name}"
+    if err is None:
+        c = v.add(check, PASS, seconds=time.perf_counter() - t0)
+        _caveats(v, c, name, needs)
+        return
+    c = classify_exception(err, engine)
+    status = FAIL if (c.status == NEEDS_GPU and on_gpu) else c.status
+    branch = device_branch(err) if not on_gpu and status in (FAIL, NOT_APPLICABLE) else None
+    if branch:
+        # The module took the branch for a host without a GPU (another engine's CPU kernels, say):
+        # a GPU host never runs it, so this host cannot judge the module.
+        status, c.cause = NEEDS_GPU, "cpu-only-branch"
+        c.detail = f"fails in the branch taken without a GPU, {branch}: {c.detail}"
+    if own and status == NOT_APPLICABLE and c.cause == "other-engine":
+        status, c.cause = FAIL, "engine-module-broken"
+        c.detail = f"a module of this combination's engine ({engine}) fails: {c.detail}"
+    opt = _undeclared_optional(err, declared) if status == FAIL else None
+    if opt:
+        status, c.cause = NOT_APPLICABLE, "optional-dependency"
+        c.detail = f"needs {opt}, which verl does not declare (an optional feature's dependency)"
+    if status == NEEDS_NETWORK and needs.network:
+        c.detail = f"fetches {', '.join(needs.network[:3])} at import; fails offline"
+    chk = v.add(check, status, c.detail, c.cause, time.perf_counter() - t0)
+    _caveats(v, chk, name, needs)
+
+
+def _caveats(v: Verdict, c, module: str, needs) -> None:
+    """Environment needs seen while importing: caveats on the verdict, named on the check."""
+    notes = []
+    if needs.network or c.status == NEEDS_NETWORK:
+        what = ", ".join(needs.network[:3]) or c.detail
+        v.caveat(NEEDS_NETWORK, c.name, module, what)
+        notes.append(f"fetches {what} at import" + (" (works offline)" if c.status == PASS else ""))
+    if needs.home or c.status == NEEDS_HOME:
+        what = ", ".join(needs.home[:3]) or c.detail
+        v.caveat(NEEDS_HOME, c.name, module, what)
+        notes.append(f"writes {what} at import")
+    if notes and c.status == PASS:
+        c.detail = "; ".join(notes)
+
+
+def run_contract(v: Verdict, expect: dict, engine: str, background: "Background | None" = None) -> None:
+    on_gpu = gpu_present()
+    bg = background or Background.start(engine)
+    # verl: the package itself, then every engine-facing module; another engine's or a missing
+    # backend's modules (by path and imports, ownership.py) are not applicable and not imported.
+    mods = discover_verl_modules()
+    static = None
+    if mods is None:
+        if expect.get("verl"):
+            v.add("verl-modules", FAIL, "verl is not installed", "module-missing")
+        else:
+            v.add("verl-modules", NOT_APPLICABLE, "verl is not installed and not expected")
+    else:
+        with v.timed("import_verl"):
+            _import_check(v, "verl", engine, on_gpu)  # the child reads syntax trees meanwhile
+            verl_ok = v.checks[-1].status in (PASS, NEEDS_NETWORK, NEEDS_HOME)
+            static = bg.static()
+            owners = static.get("owners", {})
+            if verl_ok:
+                declared = verl_declared()
+                for m in mods:
+                    o = owners.get(m)
+                    if o and not o["judged"]:
+                        v.add(f"import:{m}", NOT_APPLICABLE, o["detail"], o["cause"])
+                        continue
+                    _import_check(v, m, engine, on_gpu, declared, own=bool(o and engine in o["engines"]))
+        n = {s: sum(1 for c in v.checks if c.name.startswith("import:verl.") and c.status == s)
+             for s in (PASS, FAIL, NEEDS_GPU, NOT_APPLICABLE, NEEDS_NETWORK, NEEDS_HOME)}
+        v.metrics["verl_modules"] = {"discovered": len(mods), **n}
+        if static is not None:
+            with v.timed("static_imports"):
+                _static_checks(v, static)
+
+    # The engine's entry points and the API features the gpu level relies on, where they apply.
+    from .engines import api_checks
+    with v.timed("engine_api"):
+        for name, status, detail, cause in api_checks(engine, on_gpu=on_gpu):
+            if status == NEEDS_GPU and on_gpu:
+                status = FAIL
+            v.add(f"api:{name}", status, detail, cause)
+
+    # Native extensions against the installed torch (scanned by a child process meanwhile).
+    t0 = time.perf_counter()
+    try:
+        rep = bg.extensions()
+    except BaseException as e:
+        c = classify_exception(e, engine)
+        v.add("native-extensions", "error", c.detail, "probe-error", time.perf_counter() - t0)
+        return
+    v.timings["native_extensions_wait"] = round(time.perf_counter() - t0, 4)
+    v.timings["native_extensions"] = bg.ext_seconds
+    v.metrics["native_extensions"] = rep.scanned
+    by_kind: dict[str, list] = {}
+    for p in rep.problems:
+        by_kind.setdefault(p.kind, []).append(p)
+    for kind, ps in sorted(by_kind.items()):
+        lines = [f"{p.dist}: {p.file}: {p.what}" for p in ps[:20]]
+        if len(ps) > 20:
+            lines.append(f"... and {len(ps) - 20} more")
+        v.add(f"native:{kind}", FAIL, "\n".join(lines), kind)
+    if not rep.problems:
+        detail = ", ".join(f"{k} ({n} .so)" for k, n in sorted(rep.scanned.items()) if n) or "no native extensions found"
+        if rep.driver_libs:
+            detail += f"; from the driver at run time: {', '.join(sorted(rep.driver_libs))}"
+        if rep.optional_missing:
+            detail += f"; optional plugins' libraries absent: {', '.join(sorted(rep.optional_missing))}"
+        for dist, files in sorted(rep.other_torch.items()):
+            detail += f"; {dist}: {len(files)} libraries built for other torch releases, never loaded, not read"
+        v.add("native-extensions", PASS, detail, seconds=bg.ext_seconds)
+
+
+def _static_checks(v: Verdict, static: dict) -> None:
+    """One `static:<module>` check per verl module of this engine. Where the import check judged
+    the module (pass or fail), the import wins for what runs at import; the static finding is
+    shown beside it (a passing import overrules a static miss at module level; a failing one
+    agrees with it). Imports inside functions are only ever judged here."""
+    imports = {c.name[len("import:"):]: c for c in v.checks if c.name.startswith("import:")}
+    for mod, res in sorted(static.get("static", {}).items()):
+        finds = res["findings"]
+        imp = imports.get(mod)
+        decided = imp is not None and imp.status in (PASS, FAIL)
+        lines, failing = [], []
+        for f in finds:
+            line = (f"{f['file']}:{f['line']} {'(in a function) ' if f['function'] else ''}"
+                    f"from {f['module']} import {f['name']}: {f['where']}" if f["name"] else
+                    f"{f['file']}:{f['line']} import {f['module']}: {f['where']}")
+            if f.get("gated"):
+                v.caveat(VERSION_GATED, f"static:{mod}", mod, f"{line} (only runs behind a version guard "
+                         "envbuild could not evaluate)")
+                continue
+            lines.append(line)
+            if f["function"] or not decided or imp.status == FAIL:
+                failing.append(line)
+        if imp is not None and imp.status == FAIL and lines:
+            imp.detail = f"{imp.detail}\nstatic: " + "\nstatic: ".join(lines[:5])
+        _call_checks(v, mod, res.get("calls") or [])
+        if failing:
+            v.add(f"static:{mod}", FAIL, "\n".join(failing[:20]), "static-import-missing")
+        elif lines:
+            v.add(f"static:{mod}", PASS, f"import check judged it ({imp.status}); static: " + "; ".join(lines[:5]))
+        else:
+            skipped = res.get("unreachable") or []
+            v.add(f"static:{mod}", PASS, f"{res['checked']} imports of {', '.join(static['targets'])} resolve"
+                  + (f"; {len(skipped)} in code the installed versions never run not read "
+                     f"({', '.join(skipped[:3])})" if skipped else ""))
+
+
+def _call_checks(v: Verdict, mod: str, calls: list[dict]) -> None:
+    """The static call-signature contract of one module: a call into the engine with arguments
+    the installed definition does not take fails when it runs (often inside an abort or wake-up
+    path that swallows the TypeError: the feature silently does nothing)."""
+    lines = []
+    for c in calls:
+        line = f"{c['file']}:{c['line']} {c['callee']}(): {c['problem']} (defined at {c['where']})"
+        if c.get("gated"):
+            v.caveat(VERSION_GATED, f"calls:{mod}", mod, f"{line} (only runs behind a version guard "
+                     "envbuild could not evaluate)")
+        else:
+            lines.append(line)
+    if lines:
+        v.add(f"calls:{mod}", FAIL, "\n".join(lines[:20]), "call-signature-drift")
+
+
+def static_report(engine: str, paths: list[str] | None = None) -> dict:
+    """Ownership of verl's modules and the static import contract of this engine's ones
+    (standard library only; run by a child process while the parent imports)."""
+    t0 = time.perf_counter()
+    # Version guards over any engine's, torch's or transformers' version are evaluated.
+    index = ModuleIndex(paths, known={m for e in ENGINE_SPECS for m in e.modules | {e.dist}} | {"torch"})
+    loc = index.find("verl")
+    if loc is None or loc.kind != "package":
+        return {"owners": {}, "static": {}, "targets": [], "seconds": 0.0}
+
+    def installed(top: str) -> bool:
+        return index.find(top) is not None
+
+    extras = verl_extras()
+    spec = ENGINE[engine]
+    engine_version = _dist_version(spec.dist) if spec.versioned else None
+    facing = set(discover_verl_modules(loc.dirs[0]) or [])
+    # The engine's own modules, torch and transformers (every stack's; hf's engine) are what
+    # verl's are read against.
+    targets = sorted(set(spec.modules) | {"torch", "transformers"})
+    owners, static = {}, {}
+    trees = Trees()  # the engine's files, parsed once for every call into them
+    needles = sorted({t.encode() for e in ENGINE_SPECS for t in e.modules | e.tokens})
+    for mod in _all_modules(loc.dirs[0]):
+        if mod not in facing and not _mentions(index, mod, needles):
+            continue  # neither engine-facing nor touching an engine: no syntax tree needed
+        o = owner(mod, index, installed, extras)
+        judged, cause, detail = applies(o, engine, installed, engine_version)
+        if mod in facing or o.engines or o.backends or o.extras:
+            owners[mod] = {"engines": sorted(o.engines), "backends": sorted(o.backends), "why": o.why,
+                           "judged": judged, "cause": cause, "detail": detail}
+        if judged and (mod in facing or engine in o.engines):
+            before = len(index.unreachable)
+            r = check_module(index, mod, set(targets))
+            if r is not None:
+                static[mod] = {"checked": r[1], "findings": [asdict(f) for f in r[0]],
+                               "unreachable": index.unreachable[before:],
+                               "calls": [asdict(f) for f in check_calls(index, mod, set(targets), trees)]}
+    return {"owners": owners, "static": static, "targets": targets, "seconds": round(time.perf_counter() - t0, 4)}
+
+
+def _mentions(index: ModuleIndex, mod: str, needles: list[bytes]) -> bool:
+    loc = index.find(mod)
+    try:
+        with open(loc.path, "rb") as f:
+            text = f.read()
+    except (OSError, AttributeError):
+        return False
+    return any(n in text for n in needles)
+
+
+def _dist_version(name: str) -> str | None:
+    import importlib.metadata as md
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+
+
+def _all_modules(root: str) -> list[str]:
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__" and not d.startswith("."))
+        if "__init__.py" not in filenames:
+            dirnames[:] = []
+            continue
+        rel = os.path.relpath(dirpath, root)
+        parts = ["verl"] + ([] if rel == "." else rel.split(os.sep))
+        out.append(".".join(parts))
+        out += [".".join(parts + [f[:-3]]) for f in sorted(filenames) if f.endswith(".py") and f != "__init__.py"]
+    return out
+
+
+class Background:
+    """The contract level's CPU-bound reading (syntax trees, ELF files) in child processes, so it
+    runs on another core while this process imports torch and verl. Falls back to running here
+    when a child cannot start or says nothing usable."""
+
+    def __init__(self, engine: str):
+        self.engine = engine
+        self.procs: dict[str, tuple] = {}
+        self.ext_seconds = 0.0
+        self.from_child: set[str] = set()  # jobs whose answer came from a child process
+
+    @classmethod
+    def start(cls, engine: str, parallel: bool = True) -> "Background":
+        b = cls(engine)
+        if parallel:
+            for job in ("static", "ext"):
+                b._spawn(job)
+        return b
+
+    def _spawn(self, job: str) -> None:
+        pkg = __package__ or "envbuild.probe"
+        parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        if "." in pkg:  # envbuild.probe: the folder holding `envbuild`
+            parent = os.path.dirname(parent)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (parent, os.environ.get("PYTHONPATH")) if p)}
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", f"{pkg}.worker", job, self.engine, os.pathsep.join(sys.path)],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd="/")
+        except OSError:
+            return
+        self.procs[job] = (proc, time.perf_counter())
+
+    def _result(self, job: str, timeout: float = 300):
+        if job not in self.procs:
+            return None
+        proc, _t0 = self.procs.pop(job)
+        try:
+            out, _err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            return None
+        try:
+            got = json.loads(out) if proc.returncode == 0 else None
+        except ValueError:
+            return None
+        self.from_child.add(job)
+        return got
+
+    def static(self) -> dict:
+        got = self._result("static")
+        return got if isinstance(got, dict) and "owners" in got else static_report(self.engine)
+
+    def extensions(self):
+        from .extcheck import ExtProblem, ExtReport, check_extensions
+        t0 = time.perf_counter()
+        got = self._result("ext")
+        if isinstance(got, dict) and "scanned" in got:
+            self.ext_seconds = got.get("seconds", 0.0)
+            return ExtReport(got["scanned"], [ExtProblem(**p) for p in got["problems"]],
+                             set(got["driver_libs"]), set(got["optional_missing"]), got.get("other_torch") or {})
+        rep = check_extensions()
+        self.ext_seconds = round(time.perf_counter() - t0, 4)
+        return rep

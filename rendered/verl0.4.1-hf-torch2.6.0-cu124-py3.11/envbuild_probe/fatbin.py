@@ -1,0 +1,197 @@
+"""Which GPU architectures native code carries, read from ELF files without a GPU or CUDA tools.
+
+A CUDA library keeps its kernels in the ELF section `.nv_fatbin`: a run of fat-binary containers
+(header magic 0xBA55ED50), each a run of entries, one per compiled variant: SASS (a cubin for one
+`sm_XY`) or PTX (for a virtual `compute_XY`, compiled by the driver at load). Only the entry
+headers are read (seek past the payloads), so even a 1 GB libtorch_cuda takes well under a second.
+
+Compatibility rules (NVIDIA's CUDA compatibility guide): a cubin for sm_XY runs on a GPU of the
+same major X with minor >= Y, except arch-specific cubins (sm_90a, sm_100a, sm_103a, sm_120a),
+which run on that exact GPU only; PTX for compute_XY is JIT-compiled for any GPU with compute
+capability >= XY. A GPU with neither fails with "no kernel image is available for execution on
+the device" (the B300 reports: wheels with sm_100a cubins and no PTX). The entry headers read here
+do not say whether a cubin is arch-specific, so from sm_90 on (where those exist) a cubin counts
+for its exact GPU only: a wheel may be said not to cover a GPU it runs on, never the reverse.
+
+Standard library only: this runs inside images as part of the probe.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass, field
+
+FATBIN_MAGIC = 0xBA55ED50
+KIND_PTX, KIND_SASS = 1, (2, 0x10)  # 0x10: a cubin stored the alternate way; cuobjdump lists it as ELF
+# Entry header: kind, ?, header size, payload size (8-aligned, with padding), stored size, ?, minor, arch.
+_ENTRY = struct.Struct("<HHIQIII I")
+# GPU product names -> compute capability (major*10+minor). Grace-Hopper/Blackwell superchips carry
+# the same GPU as their discrete parts.
+GPUS = {
+    "V100": 70, "T4": 75, "A100": 80, "A30": 80, "A10": 86, "A10G": 86, "A40": 86, "RTX3090": 86,
+    "L4": 89, "L40": 89, "L40S": 89, "RTX4090": 89, "H100": 90, "H200": 90, "H20": 90, "GH200": 90,
+    "B200": 100, "GB200": 100, "B300": 103, "GB300": 103, "RTX5090": 120, "RTXPRO6000": 120,
+}
+
+
+ARCH_SPECIFIC_FROM = 90  # sm_90a was the first arch-specific target
+
+
+@dataclass
+class Coverage:
+    """The variants one file (or one package, merged) carries."""
+    sass: set[int] = field(default_factory=set)
+    ptx: set[int] = field(default_factory=set)
+
+    def merge(self, other: "Coverage") -> None:
+        self.sass |= other.sass
+        self.ptx |= other.ptx
+
+    def runs_on(self, cc: int) -> bool:
+        if any(s == cc or (s < ARCH_SPECIFIC_FROM and s // 10 == cc // 10 and s <= cc) for s in self.sass):
+            return True
+        return any(p <= cc for p in self.ptx)
+
+    def to_dict(self) -> dict:
+        return {"sass": [f"sm_{s}" for s in sorted(self.sass)], "ptx": [f"compute_{p}" for p in sorted(self.ptx)]}
+
+    def empty(self) -> bool:
+        return not self.sass and not self.ptx
+
+
+def parse_sm(value: str) -> int | None:
+    """`sm_90`, `sm90`, `90`, `9.0`, `compute_90`, or a product name (H100, GB200) -> 90."""
+    s = str(value).strip()
+    name = s.upper().replace(" ", "").replace("-", "")
+    if name in GPUS:
+        return GPUS[name]
+    s = s.lower().removeprefix("compute_").removeprefix("sm_").removeprefix("sm").rstrip("a")
+    if "." in s:
+        a, _, b = s.partition(".")
+        return int(a) * 10 + int(b) if a.isdigit() and b.isdigit() and len(b) == 1 else None
+    return int(s) if s.isdigit() and 10 <= int(s) <= 200 else None
+
+
+def _fatbin_range(f) -> tuple[int, int] | None:
+    """(offset, size) of the `.nv_fatbin` section of an ELF64 little-endian file, or None."""
+    head = f.read(64)
+    if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+        return None
+    shoff, = struct.unpack_from("<Q", head, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", head, 0x3A)
+    if not shoff or shentsize < 64 or shnum == 0 or shstrndx >= shnum:
+        return None
+    f.seek(shoff)
+    table = f.read(shentsize * shnum)
+    if len(table) < shentsize * shnum:
+        return None
+
+    def sh(i):
+        return struct.unpack_from("<IIQQQQ", table, i * shentsize)  # name, type, flags, addr, offset, size
+
+    _, _, _, _, str_off, str_size = sh(shstrndx)
+    f.seek(str_off)
+    names = f.read(min(str_size, 1 << 20))
+    for i in range(shnum):
+        name_off, sh_type, _, _, off, size = sh(i)
+        end = names.find(b"\0", name_off)
+        if names[name_off:end] == b".nv_fatbin" and sh_type != 8:  # 8: SHT_NOBITS
+            return off, size
+    return None
+
+
+def read_coverage(path: str | os.PathLike) -> Coverage:
+    """The SASS and PTX architectures in one ELF file (empty: no CUDA kernels, or not ELF)."""
+    cov = Coverage()
+    with open(path, "rb") as f:
+        rng = _fatbin_range(f)
+        if not rng:
+            return cov
+        start, size = rng
+        pos, end = start, start + size
+        while pos + 16 <= end:
+            f.seek(pos)
+            hdr = f.read(16)
+            magic, _version, hsize, fat_size = struct.unpack("<IHHQ", hdr)
+            if magic != FATBIN_MAGIC:
+                pos += 8  # containers are 8-aligned; padding between them is zero
+                continue
+            epos, eend = pos + hsize, min(pos + hsize + fat_size, end)
+            while epos + _ENTRY.size <= eend:
+                f.seek(epos)
+                kind, _, ehsize, payload, _, _, _, arch = _ENTRY.unpack(f.read(_ENTRY.size))
+                if ehsize < _ENTRY.size:
+                    break  # not an entry: the container is damaged; stop reading it
+                if kind == KIND_PTX:
+                    cov.ptx.add(arch)
+                elif kind in KIND_SASS:
+                    cov.sass.add(arch)
+                epos += ehsize + payload
+            pos = max(eend, pos + 16)
+    return cov
+
+
+def is_elf_library(name: str) -> bool:
+    return name.endswith(".so") or ".so." in name
+
+
+def scan(root: str | os.PathLike) -> dict[str, Coverage]:
+    """{file path relative to root: coverage} for every shared library with CUDA kernels under root."""
+    out: dict[str, Coverage] = {}
+    for dirpath, _dirs, files in os.walk(root):
+        for n in files:
+            if not is_elf_library(n):
+                continue
+            p = os.path.join(dirpath, n)
+            if os.path.islink(p):
+                continue
+            try:
+                cov = read_coverage(p)
+            except (OSError, struct.error):
+                continue
+            if not cov.empty():
+                out[os.path.relpath(p, root)] = cov
+    return out
+
+
+def supported(coverages: dict[str, Coverage], candidates=None) -> tuple[list[int], dict[int, list[str]]]:
+    """(GPUs every file runs on, {GPU: files that lack it}) over the known compute capabilities."""
+    ccs = sorted(set(candidates or GPUS.values()))
+    ok, missing = [], {}
+    for cc in ccs:
+        lacking = sorted(k for k, c in coverages.items() if not c.runs_on(cc))
+        if lacking:
+            missing[cc] = lacking
+        else:
+            ok.append(cc)
+    return ok, missing
+
+
+def _package(rel: str) -> str:
+    """The distribution-ish owner of a library path under site-packages: torch, vllm, nvidia/cublas."""
+    parts = rel.replace(os.sep, "/").split("/")
+    if parts[0] == "nvidia" and len(parts) > 2:
+        return "/".join(parts[:2])
+    return parts[0].split(".libs")[0] if parts[0].endswith(".libs") else parts[0]
+
+
+def image_coverage(site_dirs) -> dict:
+    """What the probe records: per package the architectures its native code carries, the GPUs
+    (by compute capability, named by sm_XY) that every judged package (the stack's extensions:
+    torch, the engine, its kernels) runs on, and for the others the packages that lack them."""
+    per_pkg: dict[str, Coverage] = {}
+    for root in site_dirs:
+        if not os.path.isdir(root):
+            continue
+        for rel, cov in scan(root).items():
+            per_pkg.setdefault(_package(rel), Coverage()).merge(cov)
+    # NVIDIA's own CUDA libraries (nvidia/*: cuBLAS, cuFFT, cuDNN, ...) are left out of the
+    # verdict: some keep their kernels outside .nv_fatbin (libcufft 11.2 shows one sm_52 cubin to
+    # cuobjdump too) and load them at run time; their GPUs follow their CUDA release, which the
+    # row's CUDA and minimum driver already state. The extensions built for this stack decide.
+    judged = {k: v for k, v in per_pkg.items() if not k.startswith("nvidia/")}
+    ok, missing = supported(judged)
+    return {"packages": {k: v.to_dict() for k, v in sorted(per_pkg.items())}, "judged": sorted(judged),
+            "supports": [f"sm_{cc}" for cc in ok],
+            "lacking": {f"sm_{cc}": pkgs for cc, pkgs in missing.items()}}

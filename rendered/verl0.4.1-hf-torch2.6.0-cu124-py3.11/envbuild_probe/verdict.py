@@ -1,0 +1,132 @@
+"""The probe's verdict: one entry per check, folded into one overall status.
+
+Standard library only: this package is copied into images where envbuild is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+
+from .vocab import (  # noqa: F401 - the statuses' home is the vocabulary; re-exported for the probe's modules
+    CAVEATS, ERROR, FAIL, NEEDS_GPU, NEEDS_HOME, NEEDS_NETWORK, NOT_APPLICABLE, PASS, SKIPPED,
+)
+
+SCHEMA = 1
+
+
+@dataclass
+class Check:
+    name: str
+    status: str
+    detail: str = ""
+    cause: str | None = None  # classified cause when not pass, e.g. "undefined-symbol"
+    seconds: float = 0.0
+    level: str | None = None  # env | contract | gpu: the level that wrote it (the table reads it)
+
+
+@dataclass
+class Verdict:
+    level: str
+    engine: str
+    expect: dict = field(default_factory=dict)
+    checks: list[Check] = field(default_factory=list)
+    versions: dict = field(default_factory=dict)
+    timings: dict = field(default_factory=dict)
+    gpu: dict = field(default_factory=dict)
+    peak_gpu_mem: int | None = None  # bytes, max over ranks
+    metrics: dict = field(default_factory=dict)  # numbers the gpu level measured (tolerances etc.)
+    # What the host must provide and which GPUs the native code runs on (env level): gpu_arch
+    # (fatbin.image_coverage), nccl, cudnn, min_shm_bytes.
+    hardware: dict = field(default_factory=dict)
+    # Environment needs met by no check's failure: {"kind": needs-network|needs-writable-home,
+    # "check": name, "module": ..., "what": what it fetches / writes}.
+    caveats: list[dict] = field(default_factory=list)
+    started: float = field(default_factory=time.time)
+    current_level: str | None = None  # set by at_level(); stamped on every check added meanwhile
+
+    def add(self, name: str, status: str, detail: str = "", cause: str | None = None,
+            seconds: float = 0.0) -> Check:
+        # Outside a level (the probe itself broke between levels) no level: it counts against all.
+        c = Check(name, status, detail[:2000], cause, round(seconds, 4), self.current_level)
+        self.checks.append(c)
+        return c
+
+    def caveat(self, kind: str, check: str, module: str, what: str) -> None:
+        item = {"kind": kind, "check": check, "module": module, "what": what}
+        if item not in self.caveats:
+            self.caveats.append(item)
+
+    @contextmanager
+    def at_level(self, level: str):
+        prev, self.current_level = self.current_level, level
+        try:
+            yield
+        finally:
+            self.current_level = prev
+
+    @contextmanager
+    def timed(self, stage: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[stage] = round(time.perf_counter() - t0, 4)
+
+    @property
+    def status(self) -> str:
+        return overall_status([c.status for c in self.checks])
+
+    def to_dict(self, level: str | None = None) -> dict:
+        """The verdict as written; `level` names a lower level that has just ended (its verdict is
+        everything so far, since a level includes the levels below it)."""
+        d = asdict(self)
+        if level is not None:
+            d["level"] = level
+        d["status"] = self.status
+        d["schema"] = SCHEMA
+        d["cause"] = first_cause(self.checks)
+        d["timings"].setdefault("total", round(time.time() - self.started, 4))
+        del d["started"], d["current_level"]
+        return d
+
+
+def overall_status(statuses: list[str]) -> str:
+    """error (the probe itself broke) > fail > needs-gpu > pass. Caveats (needs-network,
+    needs-writable-home) and not-applicable leave it at pass."""
+    if ERROR in statuses:
+        return "error"
+    if FAIL in statuses:
+        return "fail"
+    if NEEDS_GPU in statuses:
+        return "needs-gpu"
+    return "pass"
+
+
+def first_cause(checks: list[Check]) -> str | None:
+    for want in (ERROR, FAIL, NEEDS_GPU):
+        for c in checks:
+            if c.status == want:
+                return c.cause or c.name
+    return None
+
+
+def write_json(path: str, obj: dict) -> None:
+    """Atomic write (same idea as envbuild.fsutil, which is not available inside images)."""
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".verdict.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=2, sort_keys=True, default=str)
+            f.write("\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

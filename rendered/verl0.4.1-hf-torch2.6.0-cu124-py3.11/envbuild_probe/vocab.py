@@ -1,0 +1,283 @@
+"""The shared vocabulary: one descriptor per axis value, and the words every verdict is made of.
+
+Its home is the probe because the probe runs inside images where envbuild is not installed
+(standard library only); the host side imports it from here too. Every table, flag, choice
+list and check about an engine, an accelerator variant or a platform is derived from the
+descriptors here: adding an engine is one EngineSpec (plus its probe adapter and the matrix),
+adding an accelerator kind one AcceleratorKind.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# ---------------------------------------------------------------- levels and statuses
+
+LEVELS = ("env", "contract", "gpu")  # each level includes the levels before it
+
+# A check's status. needs-gpu / not-applicable / skipped are not failures: a CPU host cannot run
+# the first, the second belongs to an engine or backend the combination does not include.
+PASS, FAIL, NEEDS_GPU, NOT_APPLICABLE, SKIPPED, ERROR = (
+    "pass", "fail", "needs-gpu", "not-applicable", "skipped", "error")
+# Environment needs: caveats, not verdicts. The stack works where the need is met (a host that can
+# reach the network, a writable home); the verdict's status ignores them and `caveats` lists them.
+NEEDS_NETWORK, NEEDS_HOME = "needs-network", "needs-writable-home"
+# Not an environment need but the same kind of word: a name missing in code that runs only for
+# versions a guard envbuild could not evaluate selects; the stack works unless that code runs.
+VERSION_GATED = "version-gated"
+CAVEATS = (NEEDS_NETWORK, NEEDS_HOME, VERSION_GATED)
+TIMEOUT = "timeout"  # a probe killed at its deadline (written by the launcher, not the probe)
+NOT_RUN = "not-run"  # a level nobody ran (a table entry, never a probe's answer)
+
+CHECK_STATUSES = (PASS, FAIL, NEEDS_GPU, NOT_APPLICABLE, SKIPPED, ERROR, *CAVEATS)
+VERDICT_STATUSES = (PASS, FAIL, NEEDS_GPU, ERROR, TIMEOUT)
+# The one rule about what a status says of the stack. A probe that times out is a failure of the
+# stack: a stack that hangs is not usable, and calling it infrastructure would let an earlier
+# "works" stand. error (the probe or the machine broke) and needs-gpu decide nothing.
+FAILING = (FAIL, TIMEOUT)
+DECISIVE = (PASS, *FAILING)
+UNDECIDED = (ERROR, NEEDS_GPU, NOT_RUN)
+
+# Exit codes, one table for the host and the in-image probe (README, "Exit codes").
+EXIT_OK, EXIT_VERDICT, EXIT_BAD_INPUT, EXIT_INFRA = 0, 1, 2, 3
+EXIT_OF_STATUS = {PASS: EXIT_OK, FAIL: EXIT_VERDICT, TIMEOUT: EXIT_VERDICT, NEEDS_GPU: EXIT_INFRA, ERROR: EXIT_INFRA}
+
+
+def is_failing(status: object) -> bool:
+    return status in FAILING
+
+
+def is_decisive(status: object) -> bool:
+    return status in DECISIVE
+
+
+def level_index(level: str) -> int:
+    return LEVELS.index(level)
+
+
+def levels_upto(level: str) -> tuple[str, ...]:
+    return LEVELS[: LEVELS.index(level) + 1]
+
+
+def level_rank(level: object) -> int:
+    """0 for no level, 1 for env, 2 for contract, 3 for gpu."""
+    return LEVELS.index(level) + 1 if level in LEVELS else 0
+
+
+# ---------------------------------------------------------------- engines
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One rollout engine, everything envbuild needs to know about it in one place.
+
+    name       the axis value and the selector flag (`--vllm V`; `--hf` for an unversioned one)
+    dist       the distribution whose version is the engine's version (hf: transformers)
+    modules    top-level import names of the engine and its kernels (a module of another
+               engine is "not applicable" in this combination)
+    tokens     words in a verl module path that mark it as this engine's (verl/workers/rollout/vllm_rollout)
+    versioned  whether a combination names a release of it (hf: transformers comes with verl)
+    kernels    its kernel distributions: installed in the image's kernels layer
+    runtime_extras  extras that carry its runtime (and torch pin) where a release provides them
+    rollout    prefixes of verl's `actor_rollout_ref.rollout.name` that select it
+    ports_from the first of the fixed ports its rollout binds per node (one per rank), None: free ports
+    runs_on_cpu  its rollout also runs without a GPU (the probe's gpu level then runs on the CPU)
+    """
+
+    name: str
+    label: str
+    dist: str
+    modules: frozenset[str]
+    tokens: frozenset[str]
+    versioned: bool = True
+    kernels: frozenset[str] = frozenset()
+    runtime_extras: tuple[str, ...] = ()
+    rollout: tuple[str, ...] = ()
+    ports_from: int | None = None
+    runs_on_cpu: bool = False
+
+
+ENGINE_SPECS = (
+    EngineSpec("vllm", "vLLM", "vllm", frozenset({"vllm", "vllm_flash_attn"}), frozenset({"vllm"}),
+               kernels=frozenset({"vllm-flash-attn", "flashinfer-python", "flashinfer", "flashinfer-cubin"}),
+               rollout=("vllm",)),
+    EngineSpec("sglang", "SGLang", "sglang", frozenset({"sglang", "sgl_kernel", "sglang_kernel"}),
+               frozenset({"sglang"}), kernels=frozenset({"sgl-kernel", "sglang-kernel"}),
+               runtime_extras=("srt",), rollout=("sglang",), ports_from=30000),
+    # hf: transformers generate, no inference engine; transformers comes with verl.
+    EngineSpec("hf", "transformers (hf)", "transformers", frozenset(), frozenset(), versioned=False,
+               rollout=("hf",), runs_on_cpu=True),
+)
+DEFAULT_ENGINE = "vllm"  # verl's default rollout (actor_rollout_ref.rollout.name)
+ENGINE = {e.name: e for e in ENGINE_SPECS}
+ENGINES = tuple(ENGINE)
+VERSIONED_ENGINES = tuple(e.name for e in ENGINE_SPECS if e.versioned)
+
+
+def dist_of(name: str) -> str:
+    """The distribution a versioned engine's releases are published as (`vllm` -> `vllm`); any
+    other package name is itself. Index lookups, requirements and metadata keys go through it."""
+    spec = ENGINE.get(name)
+    return spec.dist if spec is not None and spec.versioned else name
+
+
+def engine_of_module(top: str) -> str | None:
+    """The engine a top-level module belongs to (`sgl_kernel` -> sglang), None for any other."""
+    return next((e.name for e in ENGINE_SPECS if top in e.modules), None)
+
+
+def engine_of_rollout(name: object) -> str | None:
+    """verl's rollout.name (`vllm`, `sglang_async`, `hf`) -> the engine, None if none knows it."""
+    s = str(name or "")
+    return next((e.name for e in ENGINE_SPECS for p in e.rollout if s.startswith(p)), None)
+
+
+# ---------------------------------------------------------------- accelerator variants
+
+
+@dataclass(frozen=True)
+class AcceleratorKind:
+    """One kind of accelerator a torch build targets.
+
+    prefix          the variant tag's prefix (`cu` + 124, `rocm` + 6.2); the tag is also the PyTorch
+                    index's folder for the variant (download.pytorch.org/whl/<tag>)
+    torch_attr      what torch reports it under (torch.version.cuda / torch.version.hip)
+    container_args  how a container gets the devices (`docker run` arguments)
+    device_nodes    device files whose presence means this host has one
+    smi             the command that lists the devices ([] when none)
+    """
+
+    name: str
+    label: str
+    prefix: str
+    torch_attr: str | None
+    container_args: tuple[str, ...] = ()
+    device_nodes: tuple[str, ...] = ()
+    smi: tuple[str, ...] = ()
+
+
+CUDA_KIND = AcceleratorKind("cuda", "CUDA", "cu", "cuda", ("--gpus", "all"), ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg"),
+                            ("nvidia-smi", "-L"))
+ROCM_KIND = AcceleratorKind("rocm", "ROCm", "rocm", "hip",
+                            ("--device", "/dev/kfd", "--device", "/dev/dri", "--group-add", "video"),
+                            ("/dev/kfd",), ("rocm-smi", "--showproductname"))
+CPU_KIND = AcceleratorKind("cpu", "CPU", "cpu", None)
+ACCELERATORS = {k.name: k for k in (CUDA_KIND, ROCM_KIND, CPU_KIND)}
+CPU = "cpu"  # the variant tag of a CPU-only torch build
+
+
+@dataclass(frozen=True)
+class Variant:
+    """An accelerator variant: a kind and its version (`cu124` = CUDA 12.4, `rocm6.2`, `cpu`)."""
+
+    kind: str
+    version: str = ""  # "12.4"; "" for cpu
+
+    @property
+    def accelerator(self) -> AcceleratorKind:
+        return ACCELERATORS[self.kind]
+
+    @property
+    def tag(self) -> str:
+        """`cu124`, `rocm6.2`, `cpu`: the axis value, the image tag's part, the PyTorch index folder."""
+        if self.kind == "cuda":
+            major, minor = self.version.split(".")[:2]
+            return f"cu{major}{minor}"
+        return f"{self.accelerator.prefix}{self.version}"
+
+    @property
+    def index_path(self) -> str:
+        return self.tag
+
+    @property
+    def label(self) -> str:
+        return f"{self.accelerator.label} {self.version}".strip()
+
+    def __str__(self) -> str:
+        return self.tag
+
+
+_VARIANT_RES = (
+    ("cuda", re.compile(r"(?:cuda\s*)?cu(\d{1,2})(\d)", re.I)),
+    ("cuda", re.compile(r"(?:cuda\s*)?(\d{1,2})\.(\d)(?:\.\d+)*", re.I)),
+    ("rocm", re.compile(r"rocm\s*(\d{1,2})\.(\d{1,2})(?:\.\d+)*", re.I)),
+)
+
+
+def parse_variant(value: object) -> Variant | None:
+    """Any spelling -> the variant: `cu126`, `12.6`, `12.6.3`, `CUDA 12.6` -> cu126; `rocm6.2`,
+    `ROCm 6.2.4` -> rocm6.2; `cpu` -> cpu; None for anything else."""
+    s = str(value if value is not None else "").strip()
+    if s.lower() in (CPU, "none"):
+        return Variant("cpu")
+    for kind, rx in _VARIANT_RES:
+        m = rx.fullmatch(s)
+        if m:
+            return Variant(kind, f"{int(m.group(1))}.{int(m.group(2))}")
+    return None
+
+
+def variant_tag(value: object) -> str | None:
+    """Any spelling -> the tag (`12.4` -> `cu124`), None if not a variant."""
+    v = parse_variant(value)
+    return v.tag if v else None
+
+
+def variant_of(kind: str, version: object) -> Variant:
+    """The variant torch reports: kind `cuda` with torch.version.cuda `12.4`, `rocm` with
+    torch.version.hip `6.2.41133`; kind cpu (or no version) -> cpu."""
+    parts = re.findall(r"\d+", str(version or ""))
+    if kind == "cpu" or len(parts) < 2:
+        return Variant("cpu")
+    return Variant(kind, f"{int(parts[0])}.{int(parts[1])}")
+
+
+# ---------------------------------------------------------------- platforms
+
+
+@dataclass(frozen=True)
+class PlatformSpec:
+    """A platform: Docker's name, the machine Python and wheel tags say, Debian's architecture."""
+
+    name: str
+    machine: str
+    arch: str
+
+
+PLATFORM_SPECS = (PlatformSpec("linux/amd64", "x86_64", "amd64"), PlatformSpec("linux/arm64", "aarch64", "arm64"))
+PLATFORMS = {p.name: p for p in PLATFORM_SPECS}
+DEFAULT_PLATFORM = "linux/amd64"  # its combinations' ids and tags carry no platform (as before the axis)
+
+
+def parse_platform(value: object) -> str | None:
+    """Any spelling (`linux/arm64`, `linux/arm64/v8`, `arm64`, `aarch64`) -> `linux/arm64`; None if unknown."""
+    s = str(value if value is not None else "").strip().lower()
+    if s.endswith("/v8"):
+        s = s[:-3]
+    s = s.removeprefix("linux/")
+    for p in PLATFORM_SPECS:
+        if s in (p.machine, p.arch):
+            return p.name
+    return None
+
+
+def platform_spec(platform: str) -> PlatformSpec:
+    return PLATFORMS[parse_platform(platform) or platform]
+
+
+def platform_machine(platform: str) -> str:
+    """`linux/arm64` -> `aarch64` (platform.machine() inside the image; the wheel tag's arch)."""
+    return platform_spec(platform).machine
+
+
+def platform_arch(platform: str) -> str:
+    """`linux/arm64` -> `arm64` (Debian's and Docker's architecture name)."""
+    return platform_spec(platform).arch
+
+
+def host_platform() -> str | None:
+    """This machine's platform, None for one envbuild has no images for."""
+    import platform as _platform
+
+    return parse_platform(_platform.machine())
