@@ -50,6 +50,7 @@ from packaging.version import Version
 
 from .errors import EnvbuildError, InfraError, InputError
 from .fsutil import write_atomic, write_json_atomic
+from .scratch import scratch_dir
 from .lockfile import layer_text, parse_lock, text_of
 from .outcome import LOCK_OK, LOCK_VERDICTS, exit_of_lock
 from .index import Metadata, TorchSource, default_index_url, redact, torch_source, uv_exe
@@ -480,7 +481,7 @@ class Locker:
             env["UV_DEFAULT_INDEX"] = default_index_url()
         except InfraError as e:
             return {"status": e.cause, "text": e.message}
-        with tempfile.TemporaryDirectory(prefix="envbuild-lock-") as tmp:
+        with scratch_dir("envbuild-lock-") as tmp:  # swept after a kill -9 (scratch.py)
             inp = Path(tmp) / "requirements.in"
             outp = Path(tmp) / ("pylock.toml" if fmt == "pylock" else "requirements.txt")
             inp.write_text("\n".join(reqs) + "\n")
@@ -503,7 +504,8 @@ class Locker:
             with self._lk:
                 self.argv.append(list(cmd))
             try:
-                p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=tmp)
+                p = subprocess.run([*_DIE_WITH_PARENT, *cmd], capture_output=True, text=True, timeout=900,
+                                   env=env, cwd=tmp)
             except subprocess.TimeoutExpired:
                 return {"status": "index-unreachable", "text": "uv pip compile timed out after 900 s"}
             if p.returncode == 0:
@@ -519,6 +521,13 @@ class Locker:
         else:
             status = "lock-error"
         return {"status": status, "text": err[-20000:]}
+
+
+# uv runs behind a one-line launcher that asks the kernel to SIGKILL it when envbuild dies (a kill
+# -9 of `envbuild lock` left uv running, the credentialed index URLs in its environment); a
+# launcher, not preexec_fn, because locks resolve in threads.
+_DIE_WITH_PARENT = [sys.executable, "-c", "import ctypes,os,sys\ntry:\n ctypes.CDLL(None).prctl(1, 9)\n"
+                    "except (OSError, AttributeError):\n pass\nos.execvp(sys.argv[1], sys.argv[1:])"]
 
 
 # --------------------------------------------------------------------------- CLI

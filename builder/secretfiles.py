@@ -10,6 +10,8 @@ import shutil
 import tempfile
 from typing import Iterator
 
+from .scratch import scratch_dir
+
 SECRETS_PREFIX = "envbuild-secrets-"
 
 
@@ -43,9 +45,7 @@ def secret_files(values: dict[str, str]) -> Iterator[dict[str, str]]:
     (errors, Ctrl-C, SIGTERM, which `build` turns into Ctrl-C); a folder a kill -9 left behind
     is removed by the next run (clean_stale_secrets)."""
     clean_stale_secrets()
-    d = tempfile.mkdtemp(prefix=f"{SECRETS_PREFIX}{os.getpid()}-")
-    os.chmod(d, 0o700)
-    try:
+    with scratch_dir(SECRETS_PREFIX) as d:  # listed in the state dir: swept whatever TMPDIR says
         out = {}
         for sid, val in values.items():
             p = os.path.join(d, sid)
@@ -54,7 +54,5 @@ def secret_files(values: dict[str, str]) -> Iterator[dict[str, str]]:
                 f.write(val)
             out[sid] = p
         yield out
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
