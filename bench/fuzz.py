@@ -1,5 +1,6 @@
-"""The long fuzz run (issue 14): hostile matrices through `envbuild plan --matrix FILE`, and
-garbage where result records live through the record reader.
+"""The long fuzz run (issues 14, 27): hostile matrices through `envbuild plan --matrix FILE`,
+garbage where result records live through the record reader, and a hostile registry behind
+`verify IMAGE@sha256:…` (wrong shapes, digests, statuses, broken HTTP framing).
 
 The same generators and judge as tests/test_fuzz.py (tests/fuzz_inputs.py), for N tries instead
 of a few hundred. Most tries run in-process (SIGALRM deadline, an audit hook for writes outside
@@ -87,10 +88,33 @@ def fuzz_records(tries: int, seed: int) -> dict:
     return counts
 
 
+def fuzz_registry(tries: int, seed: int) -> dict:
+    """A hostile registry behind `verify IMAGE@…` (tests/fuzz_registry.py)."""
+    from fuzz_registry import verify_against
+
+    from envbuild.sign import write_keypair
+    pub = write_keypair(Path(tempfile.mkdtemp(prefix="envbuild-fuzz-")) / "k")[1]
+    out = {"tries": tries, "trust_failures": 0, "infrastructure": 0, "input": 0, "accepted": 0, "tracebacks": 0,
+           "hangs": 0, "max_seconds": 0.0, "crashes": []}
+    for i in range(tries):
+        got, seconds = verify_against(f"registry-{seed}-{i}", pub, deadline=10)
+        key = {"verify": "trust_failures", "infra": "infrastructure", "input": "input", "ok": "accepted"}.get(got)
+        if key:
+            out[key] += 1
+        else:
+            out["tracebacks"] += 1
+            if len(out["crashes"]) < 10:
+                out["crashes"].append(got)
+        out["hangs"] += seconds > 15
+        out["max_seconds"] = max(out["max_seconds"], round(seconds, 2))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tries", type=int, default=3000)
     ap.add_argument("--record-tries", type=int, default=1000)
+    ap.add_argument("--registry-tries", type=int, default=500)
     ap.add_argument("--seed", type=int, default=14)
     ap.add_argument("--subprocess-every", type=int, default=50, help="every K-th try as a child process (0: never)")
     ap.add_argument("--out", default=str(Path(__file__).with_name("fuzz.json")))
@@ -98,6 +122,7 @@ def main() -> int:
     t0 = time.monotonic()
     plan = fuzz_plan(a.tries, a.seed, a.subprocess_every)
     records = fuzz_records(a.record_tries, a.seed)
+    registry = fuzz_registry(a.registry_tries, a.seed)
     cols = ("tries", "clean_errors", "tracebacks", "hangs", "other_problems", "max_seconds", "max_rss_mb")
     print(f"{'matrix input':<12}" + "".join(f"{c:>15}" for c in cols) + "  exit codes")
     total = {c: 0 for c in cols}
@@ -108,16 +133,18 @@ def main() -> int:
     print(f"{'all':<12}" + "".join(f"{total[c]:>15}" for c in cols))
     print(f"records: {records['tries']} folders, iter_records crashed {records['iter_records_crashes']}, "
           f"latest_by_combo crashed {records['latest_by_combo_crashes']} {records['errors']}")
+    print("registry: " + ", ".join(f"{k} {v}" for k, v in registry.items() if k != "crashes"))
     for ex in plan["examples"][:5]:
         print("example:", json.dumps(ex)[:400])
     doc = {"command": "python bench/fuzz.py " + " ".join(sys.argv[1:]), "seed": a.seed,
            "subprocess_every": a.subprocess_every, "max_seconds_in_process": MAX_SECONDS,
            "subprocess_limits": {"seconds": 60, "address_space_mb": 1024}, "total": total, **plan,
-           "records": records, "wall_seconds": round(time.monotonic() - t0, 1),
+           "records": records, "registry": registry, "wall_seconds": round(time.monotonic() - t0, 1),
            "machine": {"python": platform.python_version(), "platform": platform.platform()}}
     Path(a.out).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     print(f"wrote {a.out}")
-    return 1 if total["tracebacks"] or total["hangs"] or total["other_problems"] else 0
+    return 1 if total["tracebacks"] or total["hangs"] or total["other_problems"] or registry["tracebacks"] \
+        or registry["hangs"] else 0
 
 
 if __name__ == "__main__":

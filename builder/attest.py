@@ -101,7 +101,10 @@ def fetch(image_ref: str, registry: Registry | None = None) -> tuple[Descriptor 
     if refs and len(refs) > MAX_ATTACHMENTS:
         raise VerifyError(f"{image_ref}: {len(refs)} referrers (more than {MAX_ATTACHMENTS}): refused")
     for desc in refs or []:
-        got = reg.get_manifest(name, desc.get("digest", ""))
+        ref = desc.get("digest")
+        if not isinstance(ref, str) or not re.fullmatch(r"sha256:[0-9a-f]{64}", ref):
+            continue  # not a descriptor we could ask for: nothing of ours
+        got = reg.get_manifest(name, ref)
         if not got:
             continue
         out += _envelopes_of(reg, name, got[1], "referrers", f"{name}@{got[0].digest}", want_subject=digest)

@@ -103,3 +103,19 @@ def test_record_reader_survives_any_bytes(rnd, n):
         root = _records_dir(Path(d), [garbage_record(rnd) for _ in range(n)])
         list(iter_records(root))
         latest_by_combo(root)
+
+
+def test_a_hostile_registry_behind_verify_is_always_one_clean_error(tmp_path):
+    """Issue 27: wrong shapes, wrong digests, bad statuses and broken HTTP framing from the
+    registry end as a trust failure or infrastructure, within seconds (bench/fuzz.py runs more)."""
+    from fuzz_registry import verify_against
+
+    from envbuild.sign import write_keypair
+    pub = write_keypair(tmp_path / "k")[1]
+    seen: dict[str, int] = {}
+    for i in range(60):
+        out, seconds = verify_against(f"test-{i}", pub, deadline=10)
+        assert not out.startswith("CRASH"), (i, out)
+        assert seconds < 15, (i, seconds)
+        seen[out] = seen.get(out, 0) + 1
+    assert seen.get("verify") and seen.get("infra")  # both kinds of answer were provoked
