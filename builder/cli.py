@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "base": ("envbuild.base", "build base images (bootstrap: debootstrap + docker import)"),
     "build": ("envbuild.build", "lock, render, build (BuildKit), probe and record combinations"),
     "probe": ("envbuild.probe_cmd", "run the probe in an image, here, or across a Ray cluster"),
+    "census": ("envbuild.census", "judge every combination without an image: its lock, and verl against the engine's wheels"),
     "wheelhouse": ("envbuild.wheelhouse", "download exactly the files of a row's lock (for a node without Docker)"),
     "venv": ("envbuild.materialize", "install a row's lock offline from a wheelhouse into a venv, checked"),
     "keygen": ("envbuild.sign", "make an Ed25519 key pair for signing tables"),

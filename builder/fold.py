@@ -20,7 +20,7 @@ from __future__ import annotations
 from . import drivers
 from .fsutil import safe_name
 from .outcome import Check, Verdict
-from .record import is_in_place
+from .record import is_census, is_in_place, is_placed
 from .row import Combo, Entry, Failure, HistoryEntry, Image, Row, parse_pinned
 from .probe.vocab import ERROR, FAIL, LEVELS, NEEDS_GPU, PASS, TIMEOUT, is_decisive, is_failing, levels_upto
 
@@ -166,9 +166,11 @@ def fold_combo(records: list) -> Row:
     # (an older lock's in-place verdicts stay in the history).
     places = [r for r in recs if is_in_place(r) and r.lock_hash == recs[-1].lock_hash]
     for r in recs:
-        if is_in_place(r):
-            history.append(HistoryEntry(r.run_id, r.created, r.stage, r.status, r.cause, "in place",
-                                        {lv: v.status for lv, v in _expanded(r).items()}, r.machine.get("gpu")))
+        if is_placed(r):
+            history.append(HistoryEntry(r.run_id, r.created, r.stage, r.status, r.cause,
+                                        "in place" if is_in_place(r) else "census",
+                                        {lv: v.status for lv, v in _expanded(r).items()} if is_in_place(r) else {},
+                                        r.machine.get("gpu")))
             continue
         key = _image_key(r.image, id_to_digest)
         if key is not None and (parse_pinned(r.image.get("digest")) or key not in images):
@@ -229,10 +231,14 @@ def fold_combo(records: list) -> Row:
         # The same lock failed on a GPU node: the stack is broken, whatever its image says.
         f = in_place["failure"]
         status, failure = "broken", Failure(f["level"], f["cause"], f"in place: {f['detail']}")
+    census = _census([r for r in recs if is_census(r)])
+    if census.get("status") == "broken" and status != "broken":
+        # The lock cannot be resolved, or verl imports or calls what the engine does not have.
+        status, failure = "broken", Failure("census", census["cause"], f"census: {census['detail']}")
     return Row(id=cid, combo=Combo.from_dict(combo), image=image, build=build, levels=levels,
                best_level=best, status=status, failure=failure,
                lock_hash=recs[-1].lock_hash, base=recs[-1].base, history=list(reversed(history)),
-               versions=versions, hardware=hardware, notes=_notes(combo, recs[-1]), in_place=in_place)
+               versions=versions, hardware=hardware, notes=_notes(combo, recs[-1]), in_place=in_place, census=census)
 
 
 def _expanded(r) -> dict[str, Verdict]:
@@ -285,6 +291,19 @@ def _in_place(places: list) -> dict:
     return out
 
 
+def _census(recs: list) -> dict:
+    """The newest census of the row (a level below env: pass leaves the row untested)."""
+    if not recs:
+        return {}
+    r = max(recs, key=lambda x: x.run_id)
+    status = {"ok": "pass", "fail": "broken"}.get(r.status, "error")
+    out = {"status": status, "run_id": r.run_id, "created": r.created, "lock_hash": r.lock_hash,
+           "stage": r.stage, "reused": bool((r.place or {}).get("reused"))}
+    if status != "pass":
+        out.update(cause=r.cause or r.status, detail=_short(r.detail))
+    return out
+
+
 def _notes(combo: dict, newest) -> list[str]:
     notes = [combo["note"]] if combo.get("note") else []
     ln = newest.lock_notes or {}
@@ -301,7 +320,7 @@ def _read_from_image(recs, row_key, id_to_digest) -> tuple[dict, dict]:
     hardware: dict = {}
     caveats: list = []
     for r in recs:  # oldest first: newer verdicts overwrite
-        if is_in_place(r) or _image_key(r.image, id_to_digest) != row_key:
+        if is_placed(r) or _image_key(r.image, id_to_digest) != row_key:
             continue
         for v in r.probe.values():
             if v.versions:

@@ -115,10 +115,20 @@ class Record:
 
 
 IN_PLACE = "in-place"  # place.kind of a record made on a node, not in an image
+CENSUS = "census"  # place.kind of a record judged from the lock and wheels alone (envbuild census)
 
 
 def is_in_place(rec: "Record") -> bool:
     return isinstance(rec.place, dict) and rec.place.get("kind") == IN_PLACE
+
+
+def is_census(rec: "Record") -> bool:
+    return isinstance(rec.place, dict) and rec.place.get("kind") == CENSUS
+
+
+def is_placed(rec: "Record") -> bool:
+    """Made without an image (in place, or the census): folded apart from image verdicts."""
+    return is_in_place(rec) or is_census(rec)
 
 
 def machine_info() -> dict:

@@ -221,6 +221,10 @@ class Row:
     # "best_level", "levels": {level: entry}, "host": {host, gpu, driver, ...}, "reused": [...],
     # "failure"?, "refused"?}; {} when never. About the stack, not an image digest (fold._in_place).
     in_place: dict = field(default_factory=dict)
+    # The newest census (envbuild census: the lock and the static contracts from the wheels, no
+    # image): {"status": pass|broken|error, "cause", "detail", "run_id", "created", "reused"}; {}
+    # when never. A level below env: it condemns a row, it never verifies one (fold._census).
+    census: dict = field(default_factory=dict)
 
     def level(self, name: str) -> Entry:
         return self.levels.get(name) or Entry()
@@ -238,7 +242,8 @@ class Row:
                 "best_level": self.best_level, "status": self.status,
                 "failure": self.failure.to_dict() if self.failure else None,
                 "lock_hash": self.lock_hash, "base": self.base, "history": [h.to_dict() for h in self.history],
-                "versions": self.versions, "hardware": self.hardware, "notes": self.notes, "in_place": self.in_place}
+                "versions": self.versions, "hardware": self.hardware, "notes": self.notes, "in_place": self.in_place,
+                "census": self.census}
 
     @classmethod
     def from_dict(cls, d: object, where: str = "table", i: int = 0) -> "Row":
@@ -257,7 +262,8 @@ class Row:
             base if base.__class__ is dict else None,
             [HistoryEntry.from_dict(h) for h in hist] if hist.__class__ is list else [],
             _dict(get("versions")), _dict(get("hardware")),
-            [str(n) for n in get("notes")] if get("notes").__class__ is list else [], _dict(get("in_place")))
+            [str(n) for n in get("notes")] if get("notes").__class__ is list else [], _dict(get("in_place")),
+            _dict(get("census")))
 
 
 class LazyRows(Sequence):

@@ -27,6 +27,7 @@ ROW_FIELDS = {
     "versions": "other versions", "hardware": "host needs (GPU kernels, NVIDIA driver, /dev/shm, caveats)",
     "notes": "notes", "base": "base image", "history": "recent runs",
     "in_place": "in place (the row's lock judged on a GPU node without Docker: envbuild venv)",
+    "census": "census (the lock, and verl against the engine's wheels, without an image: below env)",
 }
 # Row fields neither shows, and why.
 HIDDEN_FIELDS = {
@@ -158,7 +159,17 @@ def md_row(r: Row) -> dict:
             "levels": [_md(r.level(lv).status) for lv in LEVELS], "cause": _md(_cause(r)),
             "needs": _md("; ".join(needs(r))), "notes": _md("; ".join(r.notes)),
             "base": _md((r.base or {}).get("ref") or ""), "image": _md(img), "id": _md(r.id),
-            "in_place": _md(in_place_text(r))}
+            "in_place": _md(in_place_text(r)), "census": _md(census_text(r))}
+
+
+def census_text(r: Row) -> str:
+    """The row's census in words ("" when never run)."""
+    c = r.census or {}
+    if not c:
+        return ""
+    if c.get("status") == "pass":
+        return f"pass ({c.get('created') or c.get('run_id')})"
+    return f"{c.get('status')}: {c.get('cause')}"
 
 
 def in_place_text(r: Row) -> str:
@@ -190,4 +201,5 @@ def render_markdown(table: Table) -> str:
     return _template("compat.md.j2").render(
         table=table, counts=table.counts, levels=LEVELS, rows=[md_row(r) for r in table.rows], best=best,
         in_place=sum(1 for r in table.rows if (r.in_place or {}).get("status") == "verified"),
+        census={s: sum(1 for r in table.rows if (r.census or {}).get("status") == s) for s in ("pass", "broken")},
         default_level=Ask().level, level_rank=level_rank)

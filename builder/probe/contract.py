@@ -292,9 +292,11 @@ def static_report(engine: str, paths: list[str] | None = None) -> dict:
     def installed(top: str) -> bool:
         return index.find(top) is not None
 
-    extras = verl_extras()
+    extras = verl_extras(paths)
     spec = ENGINE[engine]
-    engine_version = _dist_version(spec.dist) if spec.versioned else None
+    # The engine's version where the files are (another environment's folders: the census).
+    engine_version = (index.version(spec.dist) if paths is not None else _dist_version(spec.dist)) \
+        if spec.versioned else None
     facing = set(discover_verl_modules(loc.dirs[0]) or [])
     # The engine's own modules, torch and transformers (every stack's; hf's engine) are what
     # verl's are read against.

@@ -35,12 +35,17 @@ def _norm(name: str) -> str:
     return re.sub(r"[-.]+", "_", name).lower()
 
 
-def verl_extras() -> dict[str, str]:
-    """Top-level name of a package verl lists only under an extra -> that extra."""
-    try:
-        reqs = md.requires("verl") or []
-    except md.PackageNotFoundError:
-        return {}
+def verl_extras(paths: list[str] | None = None) -> dict[str, str]:
+    """Top-level name of a package verl lists only under an extra -> that extra (verl's metadata
+    on `paths`, or this interpreter's)."""
+    if paths is None:
+        try:
+            reqs = md.requires("verl") or []
+        except md.PackageNotFoundError:
+            return {}
+    else:
+        dist = next((d for d in md.distributions(path=paths) if _norm(d.metadata["Name"] or "") == "verl"), None)
+        reqs = (dist.requires or []) if dist else []
     base, extra = set(), {}
     for r in reqs:
         m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", r)
