@@ -17,17 +17,30 @@ def combo_selectors(c) -> str:
     return f"--verl {c.verl} {eng} --torch {c.torch} --cuda {c.cuda} --python {c.python} --platform {c.platform}"
 
 
-def matrix_json(pl) -> dict:
+def matrix_json(pl, skip: set[str] = frozenset()) -> dict:
     return {"include": [{"id": c.id, "cuda": c.cuda, "platform": c.platform, "selectors": combo_selectors(c)}
-                        for c in pl.combos]}
+                        for c in pl.combos if c.id not in skip]}
 
 
+def condemned(results: str) -> set[str]:
+    """Combinations whose newest census failed (envbuild census): not worth an image tonight."""
+    from .record import is_census, iter_records
+    newest: dict = {}
+    for r in iter_records(results):
+        if is_census(r):
+            cid = r.combo.get("id")
+            if cid not in newest or r.run_id > newest[cid].run_id:
+                newest[cid] = r
+    return {cid for cid, r in newest.items() if r.status == "fail"}
 
 
 def add_arguments(p) -> None:
     add_selector_args(p)
+    p.add_argument("--skip-condemned", metavar="RESULTS",
+                   help="leave out combinations whose newest census in RESULTS failed")
 
 
 def run(args) -> int:
-    print(json.dumps(matrix_json(plan_from_args(args)), separators=(",", ":")))
+    skip = condemned(args.skip_condemned) if args.skip_condemned else set()
+    print(json.dumps(matrix_json(plan_from_args(args), skip), separators=(",", ":")))
     return 0

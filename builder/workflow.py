@@ -50,11 +50,14 @@ ACTIONS = {"checkout": "actions/checkout@v5", "python": "actions/setup-python@v6
 # ---------------------------------------------------------------- GitHub Actions
 
 
-def _setup_steps() -> list[dict]:
+def _setup_steps(install: str) -> list[dict]:
+    # envbuild as the generator pinned it (vars.ENVBUILD_INSTALL overrides: a fork, a commit):
+    # `pip install .` only works where the repository is envbuild itself.
     return [
         {"uses": ACTIONS["checkout"]},
         {"uses": ACTIONS["python"], "with": {"python-version": PY}},
-        {"name": "Install envbuild", "run": "python -m pip install ."},
+        {"name": "Install envbuild", "run": 'python -m pip install "$ENVBUILD_INSTALL"',
+         "env": {"ENVBUILD_INSTALL": "${{ vars.ENVBUILD_INSTALL || '" + install + "' }}"}},
     ]
 
 
@@ -71,8 +74,14 @@ else
 fi
 """
 REGISTRY_HOST = """set -euo pipefail
+echo "host=${ENVBUILD_REPOSITORY%%/*}" >> "$GITHUB_OUTPUT"
+"""
+# The one repository name, decided once by the plan job: the variable, else GHCR under this
+# repository (lower case, as registries want it). Every job reads it from the plan's outputs.
+REPOSITORY = """set -euo pipefail
 repo="${ENVBUILD_REPOSITORY:-ghcr.io/${GITHUB_REPOSITORY,,}}"
-echo "host=${repo%%/*}" >> "$GITHUB_OUTPUT"
+echo "repository=$repo" >> "$GITHUB_OUTPUT"
+echo "Images go to $repo (set the variable ENVBUILD_REPOSITORY to change it)." >> "$GITHUB_STEP_SUMMARY"
 """
 PUBLISH = """set -euo pipefail
 umask 077
@@ -168,13 +177,16 @@ def _runs_on(m, per_platform: dict[str, object]) -> object:
 
 def workflow(m, matrix_arg: str, gpu_labels: list[str], build_runner: str,
              arm64_gpu_labels: list[str] = list(DEFAULT_ARM64_GPU_LABELS),
-             arm64_build_runner: str = DEFAULT_ARM64_BUILD_RUNNER) -> dict:
+             arm64_build_runner: str = DEFAULT_ARM64_BUILD_RUNNER, install: str = ".",
+             gpu_runners: bool = True) -> dict:
     """The workflow as plain data. Only the matrix's axes (for the manual trigger's choices)
-    and the options go in; the plan itself is computed at run time by the plan job."""
+    and the options go in; the plan itself is computed at run time by the plan job.
+    gpu_runners=False: no probe job; the build job probes on its CPU (env and contract), the gpu
+    level is reported as not run."""
     mx = f" --matrix {matrix_arg}" if matrix_arg else ""
     verls = ["all"] + list(m.verl)
     cudas = ["all"] + list(m.cuda)
-    repo_env = {"ENVBUILD_REPOSITORY": "${{ vars.ENVBUILD_REPOSITORY }}"}
+    repo_env = {"ENVBUILD_REPOSITORY": "${{ needs.plan.outputs.repository }}"}
     table_url = ("${{ vars.ENVBUILD_TABLE_URL || format('https://{0}.github.io/{1}/', "
                  "github.repository_owner, github.event.repository.name) }}")
 
@@ -189,14 +201,19 @@ if [ "$CANDIDATES" = "true" ] && [ -s discover.patch ]; then
   echo "Candidate run: the matrix patched with the releases discover proposes." >> "$GITHUB_STEP_SUMMARY"
 fi
 {{ echo '### Upstream releases (envbuild discover)'; echo '```diff'; cat discover.patch; echo '```'; }} >> "$GITHUB_STEP_SUMMARY"
-matrix="$(envbuild ci matrix{mx} "${{sel[@]}}")"
+# The census first (no image: the lock, and verl against the engine's wheels): what it condemns
+# is recorded as broken and not built tonight. Exit 1 is data (condemned rows), not a red job.
+envbuild census{mx} "${{sel[@]}}" --results census -j 2 || [ "$?" = 1 ]
+matrix="$(envbuild ci matrix{mx} "${{sel[@]}}" --skip-condemned census)"
 echo "matrix=$matrix" >> "$GITHUB_OUTPUT"
 echo "count=$(printf '%s' "$matrix" | python -c 'import json,sys; print(len(json.load(sys.stdin)["include"]))')" >> "$GITHUB_OUTPUT"
 """
     # The row's selectors arrive through the environment, never pasted into the script.
     row_env = {"SEL": "${{ matrix.selectors }}", "ID": "${{ matrix.id }}", "CUDA": "${{ matrix.cuda }}"}
+    build_probe = "none" if gpu_runners else "cpu"  # without GPU runners: env and contract on the build's CPU
     build_script = f"""set -euo pipefail
 read -ra sel <<< "$SEL"
+ENVBUILD_CACHE="$ENVBUILD_REPOSITORY-buildcache"
 # The variant's PyTorch index (envbuild's one URL rule: ENVBUILD_PYTORCH_INDEX, else the matrix's pytorch_index).
 url="$(envbuild ci torch-index{mx} --cuda "$CUDA")"
 export "ENVBUILD_TORCH_INDEX_URL_$CUDA=$url"
@@ -211,7 +228,7 @@ else
 fi
 # envbuild finds the content tag locally (no rebuild), pushes it and records the digest; a stack
 # that cannot be locked or built is recorded as a failure (exit 1: data for the table, not a red job).
-envbuild build{mx} "${{sel[@]}}" --base nvidia --repository "$ENVBUILD_REPOSITORY" --push --probe none --results results || [ "$?" = 1 ]
+envbuild build{mx} "${{sel[@]}}" --base nvidia --repository "$ENVBUILD_REPOSITORY" --push --probe {build_probe} --results results || [ "$?" = 1 ]
 """
     probe_script = f"""set -euo pipefail
 read -ra sel <<< "$SEL"
@@ -230,7 +247,7 @@ envbuild ci probe{mx} "${{sel[@]}}" --results results --levels contract,gpu || [
     matrix_strategy = {"fail-fast": False, "max-parallel": 20,
                        "matrix": "${{ fromJson(needs.plan.outputs.matrix) }}"}
     site_env = {"TABLE_URL": table_url}
-    return {
+    doc = {
         "name": "envbuild nightly",
         "on": {
             "schedule": [{"cron": CRON}],
@@ -251,14 +268,19 @@ envbuild ci probe{mx} "${{sel[@]}}" --results results --levels contract,gpu || [
                 "runs-on": build_runner,
                 "permissions": {"contents": "read"},
                 "outputs": {"matrix": "${{ steps.plan.outputs.matrix }}",
-                            "count": "${{ steps.plan.outputs.count }}"},
-                "steps": _setup_steps() + [{
+                            "count": "${{ steps.plan.outputs.count }}",
+                            "repository": "${{ steps.repository.outputs.repository }}"},
+                "steps": _setup_steps(install) + [
+                    {"id": "repository", "name": "The image repository", "run": REPOSITORY,
+                     "env": {"ENVBUILD_REPOSITORY": "${{ vars.ENVBUILD_REPOSITORY }}"}}, {
                     "id": "plan", "name": "Plan (and discover upstream releases)",
                     "env": {"VERL": "${{ inputs.verl }}", "CUDA": "${{ inputs.cuda }}",
                             "CANDIDATES": "${{ github.event_name == 'schedule' || inputs.candidates }}"},
                     "run": plan_script,
                 }, {"uses": ACTIONS["upload"], "with": {"name": "discover-patch", "path": "discover.patch",
-                                                        "if-no-files-found": "ignore"}}],
+                                                        "if-no-files-found": "ignore"}},
+                    {"uses": ACTIONS["upload"], "with": {"name": "results-census", "path": "census/",
+                                                         "if-no-files-found": "ignore"}}],
             },
             "build": {
                 "name": "build ${{ matrix.id }}",
@@ -270,11 +292,11 @@ envbuild ci probe{mx} "${{sel[@]}}" --results results --levels contract,gpu || [
                 "strategy": matrix_strategy,
                 # The bake file's secrets read these (empty: the runner's defaults); an index URL
                 # may carry credentials, so it comes from secrets, and never lands in a layer.
-                "env": {**repo_env, "ENVBUILD_CACHE": "${{ vars.ENVBUILD_REPOSITORY }}-buildcache",
+                "env": {**repo_env,
                         "ENVBUILD_INDEX_URL": "${{ secrets.ENVBUILD_INDEX_URL }}",
                         "ENVBUILD_PYTORCH_INDEX": "${{ secrets.ENVBUILD_PYTORCH_INDEX }}",
                         "ENVBUILD_CA_BUNDLE": "${{ secrets.ENVBUILD_CA_BUNDLE }}"},
-                "steps": _setup_steps() + [
+                "steps": _setup_steps(install) + [
                     # A GitHub-hosted runner has ~14 GB free, an image ~8 GB plus its layers:
                     # free the toolchains it does not need (or name a larger runner: --build-runner).
                     {"name": "Free disk space", "if": "runner.environment == 'github-hosted'", "run": FREE_DISK},
@@ -294,7 +316,7 @@ envbuild ci probe{mx} "${{sel[@]}}" --results results --levels contract,gpu || [
                 "timeout-minutes": 120,
                 "strategy": matrix_strategy,
                 "env": repo_env,
-                "steps": _setup_steps() + [
+                "steps": _setup_steps(install) + [
                     *login,
                     {"name": "The build's record", "uses": ACTIONS["download"],
                      "with": {"name": "results-build-${{ matrix.id }}", "path": "results"}},
@@ -305,13 +327,13 @@ envbuild ci probe{mx} "${{sel[@]}}" --results results --levels contract,gpu || [
                 ],
             },
             "publish": {
-                "needs": ["plan", "build", "probe"],
+                "needs": ["plan", "build", "probe"] if gpu_runners else ["plan", "build"],
                 "if": "always() && needs.plan.outputs.count != '0'",
                 "runs-on": build_runner,
                 # packages: write: the signed attestations go onto each image digest (envbuild attach)
                 "permissions": {"contents": "read", "packages": "write"},
                 "env": {**site_env, **repo_env},
-                "steps": _setup_steps() + [
+                "steps": _setup_steps(install) + [
                     *login,
                     {"id": "earlier", "name": "Earlier results (from the published site)", "run": FETCH_RESULTS},
                     {"name": "Tonight's results", "uses": ACTIONS["download"],
@@ -347,7 +369,7 @@ envbuild ci probe{mx} "${{sel[@]}}" --results results --levels contract,gpu || [
                 "runs-on": build_runner,
                 "permissions": {"contents": "read", "issues": "write"},
                 "env": site_env,
-                "steps": _setup_steps() + [
+                "steps": _setup_steps(install) + [
                     {"uses": ACTIONS["download"], "with": {"name": "envbuild-tables", "path": "."}},
                     # One issue per newly broken combination, closed when fixed; exit 1 (a red
                     # nightly) when a verified combination regressed.
@@ -357,6 +379,9 @@ envbuild ci probe{mx} "${{sel[@]}}" --results results --levels contract,gpu || [
             },
         },
     }
+    if not gpu_runners:
+        del doc["jobs"]["probe"]
+    return doc
 
 
 def _yaml_dump(data: dict) -> str:
@@ -381,9 +406,65 @@ def _out_opt(out: str) -> str:
 
 def render_workflow(m, matrix_arg: str, out: str, gpu_labels: list[str], build_runner: str,
                     arm64_gpu_labels: list[str] = list(DEFAULT_ARM64_GPU_LABELS),
-                    arm64_build_runner: str = DEFAULT_ARM64_BUILD_RUNNER) -> str:
-    head = HEADER.format(matrix=matrix_arg, opt=_out_opt(out))
-    return head + _yaml_dump(workflow(m, matrix_arg, gpu_labels, build_runner, arm64_gpu_labels, arm64_build_runner))
+                    arm64_build_runner: str = DEFAULT_ARM64_BUILD_RUNNER, install: str = ".",
+                    gpu_runners: bool = True, pins: dict[str, str] | None = None, opt: str | None = None) -> str:
+    head = HEADER.format(matrix=matrix_arg, opt=_out_opt(out) if opt is None else opt)
+    doc = workflow(m, matrix_arg, gpu_labels, build_runner, arm64_gpu_labels, arm64_build_runner, install,
+                   gpu_runners)
+    return head + _pin_actions(_yaml_dump(doc), pins or {})
+
+
+def _pin_actions(text: str, pins: dict[str, str]) -> str:
+    """`uses: actions/checkout@v5` -> the commit the pin file names (organisations that require
+    actions pinned by SHA), the tag kept as a comment."""
+    for ref, sha in pins.items():
+        text = text.replace(f"uses: {ref}\n", f"uses: {ref.split('@')[0]}@{sha} # {ref.split('@')[1]}\n")
+    return text
+
+
+def load_pins(path: str) -> dict[str, str]:
+    """A pin file: YAML or JSON {"actions/checkout@v5": "<40-hex commit>", ...}."""
+    import yaml
+    try:
+        d = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise InputError(path, None, "action pins", path, f"unreadable ({e})") from None
+    if not isinstance(d, dict):
+        raise InputError(path, None, "action pins", type(d).__name__, "expected {action@tag: commit}")
+    known = set(ACTIONS.values())
+    for k, v in d.items():
+        if k not in known:
+            raise InputError(path, None, str(k), v, f"not an action the workflow uses ({', '.join(sorted(known))})")
+        if not isinstance(v, str) or not re.fullmatch(r"[0-9a-f]{40}", v):
+            raise InputError(path, None, str(k), v, "expected a 40-hex commit")
+    return dict(d)
+
+
+def checklist(m, combos: int, gpu_runners: bool, labels: list[str], install: str) -> list[str]:
+    """What a team configures before the first night, and what a night costs."""
+    build_min, probe_min = 25, 10  # per image, hosted runner, cold (bench/build_speed.json, quickstart.json)
+    hours_build = combos * build_min / 60
+    lines = [
+        "Before the first night (repository settings):",
+        "  secret    ENVBUILD_SIGNING_KEY   the private key the table is signed with (`envbuild keygen`)",
+        "  variable  ENVBUILD_PUBKEY        its public half (pubkey.json): what the last table must verify with",
+        "  variable  ENVBUILD_REPOSITORY    optional: where images go (default ghcr.io/<owner>/<repo>)",
+        "  variable  ENVBUILD_TABLE_URL     optional: where the table is served (default the Pages URL)",
+        f"  variable  ENVBUILD_INSTALL       optional: how jobs install envbuild (default {install!r})",
+        "  secrets   ENVBUILD_INDEX_URL, ENVBUILD_PYTORCH_INDEX, ENVBUILD_CA_BUNDLE: optional mirrors and CA",
+        "  Pages     Settings > Pages > Source: GitHub Actions",
+    ]
+    if gpu_runners:
+        lines.append(f"  runners   self-hosted GPU runners labelled {', '.join(labels)} (probe jobs wait for "
+                     "them; without any, generate with --gpu-runners none)")
+    else:
+        lines.append("  runners   none beyond GitHub's hosted ones: the census and the CPU contract level; "
+                     "the gpu level is not run")
+    lines.append(f"Cost of a full night: {combos} combinations; the census runs first and skips what it "
+                 f"condemns; about {hours_build:.0f} runner-hours of builds at ~{build_min} min an image cold"
+                 + (f" plus ~{combos * probe_min / 60:.0f} GPU-runner-hours of probes" if gpu_runners else "")
+                 + "; far less on nights the registry cache holds the shared layers.")
+    return lines
 
 
 
@@ -405,6 +486,13 @@ def add_arguments(g) -> None:
                         f"(default: {', '.join(DEFAULT_ARM64_GPU_LABELS)})")
     g.add_argument("--arm64-build-runner", default=DEFAULT_ARM64_BUILD_RUNNER,
                    help=f"runner building linux/arm64 rows natively (default: {DEFAULT_ARM64_BUILD_RUNNER})")
+    g.add_argument("--install", default=None, metavar="SPEC",
+                   help="what jobs `pip install` (default: `.` in envbuild's own repository, else "
+                        "envbuild==<this version>); vars.ENVBUILD_INSTALL overrides it at run time")
+    g.add_argument("--gpu-runners", choices=("yes", "none"), default="yes",
+                   help="none: no probe jobs; builds probe env and contract on their CPU (default: yes)")
+    g.add_argument("--action-pins", metavar="FILE",
+                   help="YAML/JSON {action@tag: commit}: pin the actions used by SHA")
     g.add_argument("--check", action="store_true", help="exit 1 if the file on disk differs (write nothing)")
 
 
@@ -418,19 +506,40 @@ def render_actionlint_config(labels: list[str], out: str) -> str:
     return head + _yaml_dump({"self-hosted-runner": {"labels": list(labels)}})
 
 
+def _default_install() -> str:
+    """`.` where this repository is envbuild itself, else this envbuild's release."""
+    from . import __version__
+    try:
+        text = Path("pyproject.toml").read_text()
+    except OSError:
+        text = ""
+    return "." if re.search(r'(?m)^name\s*=\s*"envbuild"', text) else f"envbuild=={__version__}"
+
+
 def _run_github(args) -> int:
     mpath = Path(args.matrix)
-    if not mpath.is_file() and not mpath.is_absolute():
-        mpath = default_matrix().parent.parent / args.matrix  # run from elsewhere: the source tree's copy
-    m = load_matrix(mpath if mpath.is_file() else default_matrix())
+    if not mpath.is_file():
+        # The workflow builds the repository's own matrix: refuse to write one that names a file
+        # the repository does not have (it fails on the runner, not here).
+        raise InputError("command line", None, "--matrix", args.matrix,
+                         f"no matrix there in this repository; copy one (envbuild's: {default_matrix()}) "
+                         "or name yours with --matrix PATH")
+    m = load_matrix(mpath)
     labels = args.runner_labels or list(DEFAULT_GPU_LABELS)
     arm_labels = args.arm64_runner_labels or list(DEFAULT_ARM64_GPU_LABELS)
     for lb in labels + arm_labels + [args.build_runner, args.arm64_build_runner]:
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", lb):
             raise InputError("command line", None, "--runner-label", lb, "not a runner label")
     custom = list(dict.fromkeys(labels + (arm_labels if "linux/arm64" in m.platforms else [])))
+    install = args.install or _default_install()
+    gpu = args.gpu_runners != "none"
+    pins = load_pins(args.action_pins) if args.action_pins else {}
+    opt = _out_opt(args.out) + ("" if args.matrix == DEFAULT_WORKFLOW_MATRIX else f" --matrix {args.matrix}") \
+        + (f" --install {args.install}" if args.install else "") + ("" if gpu else " --gpu-runners none") \
+        + (f" --action-pins {args.action_pins}" if args.action_pins else "")
     files = {Path(args.out) / WORKFLOW_FILE: render_workflow(m, args.matrix or "", args.out, labels, args.build_runner,
-                                                             arm_labels, args.arm64_build_runner),
+                                                             arm_labels, args.arm64_build_runner, install, gpu,
+                                                             pins, opt),
              Path(args.out) / ACTIONLINT_FILE: render_actionlint_config(custom, args.out)}
     if args.check:
         stale = [p for p, text in files.items() if (p.read_text() if p.is_file() else None) != text]
@@ -442,4 +551,7 @@ def _run_github(args) -> int:
     for p, text in files.items():
         write_atomic(p, text)
         print(p)
+    from .matrix import plan
+    for line in checklist(m, len(plan(m).combos), gpu, labels, install):
+        print(line, file=sys.stderr)
     return 0

@@ -113,7 +113,15 @@ def test_workflow_shape_and_runner_labels(run_cli, tmp_path):
     assert "envbuild attach --results tonight" in pub["attach"]["run"]
     login = next(s for s in jobs["publish"]["steps"] if s.get("uses", "").startswith("docker/login-action@"))
     assert login["with"]["registry"] == "${{ steps.registry.outputs.host }}"
-    assert 'echo "host=${repo%%/*}"' in pub["registry"]["run"]  # the host of the one repository name
+    assert 'echo "host=${ENVBUILD_REPOSITORY%%/*}"' in pub["registry"]["run"]  # the host of the one repository name
+    # ... decided once by the plan job (GHCR under this repository unless the variable says), read by every job
+    assert 'repo="${ENVBUILD_REPOSITORY:-ghcr.io/${GITHUB_REPOSITORY,,}}"' in \
+        next(s for s in jobs["plan"]["steps"] if s.get("id") == "repository")["run"]
+    for j in ("build", "probe", "publish"):
+        assert jobs[j]["env"]["ENVBUILD_REPOSITORY"] == "${{ needs.plan.outputs.repository }}", j
+    install = next(s for s in jobs["plan"]["steps"] if s.get("name") == "Install envbuild")
+    assert install["run"] == 'python -m pip install "$ENVBUILD_INSTALL"'
+    assert install["env"]["ENVBUILD_INSTALL"] == "${{ vars.ENVBUILD_INSTALL || '.' }}"  # here: envbuild itself
     assert jobs["deploy"]["environment"]["name"] == "github-pages"
     free = next(s for s in jobs["build"]["steps"] if s.get("name") == "Free disk space")
     assert free["if"] == "runner.environment == 'github-hosted'" and "df -h /" in free["run"]
@@ -130,7 +138,7 @@ def test_workflow_shape_and_runner_labels(run_cli, tmp_path):
     assert jobs["build"]["runs-on"] == "${{ matrix.platform == 'linux/amd64' && 'ubuntu-24.04' || 'ubuntu-24.04-arm' }}"
     build = "\n".join(s.get("run", "") for s in jobs["build"]["steps"])
     assert "envbuild ci bake" in build and "docker buildx bake" in build and "--push" in build
-    assert "ENVBUILD_CACHE" in jobs["build"]["env"]  # the registry cache every build job shares
+    assert 'ENVBUILD_CACHE="$ENVBUILD_REPOSITORY-buildcache"' in build  # the registry cache every build job shares
     probe = "\n".join(s.get("run", "") for s in jobs["probe"]["steps"])
     assert "--levels contract,gpu" in probe
     pub = jobs["publish"]["steps"]
@@ -180,7 +188,12 @@ def test_plan_job_script_runs(tmp_path, candidates):
     assert "envbuild discover" in summary.read_text() and patch in summary.read_text()
     patched = (work / "matrix" / "verl.yaml").read_text() != (ROOT / "matrix" / "verl.yaml").read_text()
     assert patched == (candidates == "true" and bool(patch))
-    want = plan(load_matrix(work / "matrix" / "verl.yaml"), Selectors(cuda="cu130")).combos
+    # The census ran first: what it condemned is recorded (for the table) and not built tonight.
+    from envbuild.ci_matrix import condemned
+    gone = condemned(str(work / "census"))
+    want = [c for c in plan(load_matrix(work / "matrix" / "verl.yaml"), Selectors(cuda="cu130")).combos
+            if c.id not in gone]
+    assert list((work / "census" / "records").iterdir()), "the census wrote no records"
     assert int(outputs["count"]) == len(rows) == len(want) and [r["id"] for r in rows] == [c.id for c in want]
     if candidates == "true" and patch:  # the candidate run plans combinations the matrix lacked
         base = {c.id for c in plan(load_matrix(ROOT / "matrix" / "verl.yaml"), Selectors(cuda="cu130")).combos}
@@ -341,3 +354,36 @@ def test_combo_selectors_for_hf():
     hf = next(c for c in plan(m, Selectors(verl="0.4.1", engine="hf")).combos)
     assert combo_selectors(hf) == (f"--verl 0.4.1 --hf --torch {hf.torch} --cuda {hf.cuda} --python {hf.python}"
                                    f" --platform {hf.platform}")
+
+
+def test_a_workflow_for_a_team_repository(tmp_path, run_cli):
+    """Issue 28: generated in a repository that is not envbuild (a matrix and nothing else): it
+    installs envbuild's release, not `.`; without GPU runners it has no probe job and probes env
+    and contract on the build's CPU; actions can be pinned by commit; a repository without the
+    matrix it names is refused; the setup checklist is printed. actionlint accepts each."""
+    repo = tmp_path / "team"
+    (repo / "matrix").mkdir(parents=True)
+    shutil.copy(ROOT / "matrix" / "verl.yaml", repo / "matrix" / "verl.yaml")
+    pins = tmp_path / "pins.yaml"
+    pins.write_text("actions/checkout@v5: " + "a" * 40 + "\n")
+    p = run_cli("ci", "github", "--gpu-runners", "none", "--action-pins", pins, cwd=repo)
+    assert p.returncode == 0, p.stderr
+    text = (repo / ".github" / "workflows" / "envbuild-nightly.yml").read_text()
+    wf = yaml.safe_load(text)
+    from envbuild import __version__
+    install = next(s for s in wf["jobs"]["plan"]["steps"] if s.get("name") == "Install envbuild")
+    assert install["env"]["ENVBUILD_INSTALL"] == "${{ vars.ENVBUILD_INSTALL || 'envbuild==" + __version__ + "' }}"
+    assert "probe" not in wf["jobs"] and wf["jobs"]["publish"]["needs"] == ["plan", "build"]
+    assert "--probe cpu" in "\n".join(s.get("run", "") for s in wf["jobs"]["build"]["steps"])
+    assert "uses: actions/checkout@" + "a" * 40 + " # v5" in text and "actions/checkout@v5\n" not in text
+    assert "ENVBUILD_SIGNING_KEY" in p.stderr and "runner-hours" in p.stderr and "GitHub Actions" in p.stderr
+    if shutil.which("actionlint"):
+        lint = subprocess.run(["actionlint", "-config-file", str(repo / ".github" / "actionlint.yaml"),
+                               str(repo / ".github" / "workflows" / "envbuild-nightly.yml")], capture_output=True, text=True)
+        assert lint.returncode == 0, lint.stdout
+    # --check: the options are in the header, so regenerating the same way finds it up to date
+    assert run_cli("ci", "github", "--gpu-runners", "none", "--action-pins", pins, "--check", cwd=repo).returncode == 0
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    q = run_cli("ci", "github", cwd=bare)
+    assert q.returncode == 2 and "no matrix there" in q.stderr and not (bare / ".github").exists()
