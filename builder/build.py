@@ -115,6 +115,9 @@ def add_arguments(p) -> None:
                         "default auto: nvidia when it can be pulled, else bootstrap")
     p.add_argument("--suite", default="bookworm", help="distribution suite for --base bootstrap")
     p.add_argument("--probe", default="none", choices=PROBE_CHOICES, help="probe each image (default none)")
+    p.add_argument("--dry-run", action="store_true", help="print what would be built, with size and time, and stop")
+    p.add_argument("-y", "--yes", action="store_true",
+                   help=f"build more than {CONFIRM_ABOVE} combinations without asking")
     p.add_argument("--results", default=DEFAULT_RESULTS, help=f"results folder (default ./{DEFAULT_RESULTS})")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per build (default 3600)")
     p.add_argument("--ca-bundle", help="CA bundle given to builds as a secret (default: $PIP_CERT, "
@@ -127,6 +130,28 @@ def add_arguments(p) -> None:
                    help="ignore BuildKit's layer cache (a cold build; download caches stay)")
     p.add_argument("--compression", default="gzip", choices=("gzip", "zstd"),
                    help="layers pushed as gzip (default, every client) or zstd (OCI media types; needs skopeo)")
+
+
+CONFIRM_ABOVE = 3  # combinations one `build` starts without --yes (or a yes on a terminal)
+# What one image costs, cold, from bench/quickstart.json and bench/build_speed.json (8.6 GB
+# uncompressed, 6-8 min on a quiet 2-core machine); combinations sharing torch cost far less.
+IMAGE_GB, IMAGE_MIN = 8.6, 8
+
+
+def preview(combos) -> str:
+    return (f"{len(combos)} image(s), up to ~{len(combos) * IMAGE_GB:.0f} GB of disk and ~{len(combos) * IMAGE_MIN} min "
+            "cold (combinations that share torch and the engine reuse those layers)")
+
+
+def confirm(combos, args, out) -> bool:
+    """Above a few combinations: --yes, or a yes on a terminal; never a silent 84-image build."""
+    if len(combos) <= CONFIRM_ABOVE or args.yes:
+        return True
+    if sys.stdin.isatty():
+        print(f"envbuild build: {preview(combos)}. Build them? [y/N] ", end="", file=out, flush=True)
+        return sys.stdin.readline().strip().lower() in ("y", "yes")
+    raise InputError("command line", None, "selectors", f"{len(combos)} combinations",
+                     f"would build {preview(combos)}; pass --yes, narrow the selection, or --dry-run to list them")
 
 
 def options_from_args(args, default_repo: str, matrix_pytorch_index: str | None = None) -> Options:
@@ -162,6 +187,14 @@ def run(args) -> int:
         args.platform = host_platform() or DEFAULT_PLATFORM
     m = matrix_from_args(args)
     pl = plan_from_args(args, meta)
+    if getattr(args, "dry_run", False):
+        print(f"envbuild build --dry-run: {preview(pl.combos)}:")
+        for c in pl.combos:
+            print(f"  {c.id}")
+        return 0
+    if not confirm(pl.combos, args, sys.stderr):
+        print("envbuild build: nothing built", file=sys.stderr)
+        return 0
     opts = options_from_args(args, m.repository, m.pytorch_index)
     opts.probe = _probe_level(opts.probe)
     engine = detect()

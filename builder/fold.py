@@ -345,4 +345,7 @@ def fold(records) -> list[Row]:
         cid = r.combo.get("id") if isinstance(r.combo, dict) else None
         if isinstance(cid, str) and cid:  # a record without a combination id is not a row
             by_combo.setdefault(cid, []).append(r)
-    return [fold_combo(by_combo[c]) for c in sorted(by_combo)]
+    # A combination whose every record is an infrastructure error (an index that did not answer,
+    # a daemon that was down) says nothing about the stack: it is not a row of the table.
+    return [fold_combo(by_combo[c]) for c in sorted(by_combo)
+            if not all(r.status == "error" and not r.image for r in by_combo[c])]

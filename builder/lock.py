@@ -53,7 +53,7 @@ from .fsutil import write_atomic, write_json_atomic
 from .scratch import scratch_dir
 from .lockfile import layer_text, parse_lock, text_of
 from .outcome import LOCK_OK, LOCK_VERDICTS, exit_of_lock
-from .index import Metadata, TorchSource, default_index_url, redact, torch_source, uv_exe
+from .index import Metadata, TorchSource, check_reachable, default_index_url, redact, torch_source, uv_exe
 from .matrix import Matrix, matrix_from_args, plan_from_args
 from .selector import add_selector_args
 from .values import Combo
@@ -235,6 +235,8 @@ class Locker:
         self._uv_version: str | None = None
         self._lk = threading.Lock()
         self.uv_runs = 0  # how many resolutions actually ran (0 on a fully cached plan)
+        self.unreachable: dict[str, str] = {}  # index URL -> why: asked once per run
+        self._asked: dict[str, threading.Event] = {}
         self.argv: list[list[str]] = []  # every uv command line run (tests check no secret is on it)
 
     @property
@@ -280,7 +282,9 @@ class Locker:
         key = _sha(json.dumps({"reqs": reqs, "era": when, "python": c.python, "platform": platform_tag(c.glibc, c.platform),
                                "torch_index": res.torch_index, "uv": self.uv_version, "v": 2,
                                "no_build": self.no_build, "allow_build": self.allow_build}))
-        d, cached = self._cached(key, lambda: self._resolve(reqs, when, c, src))
+        d, cached = self._cached(key, lambda: self._gate(src) or self._resolve(reqs, when, c, src))
+        if d["status"] == "index-unreachable" and not d["text"].startswith(("the PyTorch index", "the package index")):
+            d = {**d, "text": _unreachable_hint(d["text"], src)}
         res.cached = cached
         res.relaxed = d.get("relaxed", [])
         if d["status"] != "ok":
@@ -366,6 +370,29 @@ class Locker:
         if d["status"] in (LOCK_OK, *LOCK_VERDICTS):  # verdicts, stable under --exclude-newer: cache
             write_json_atomic(cpath, d)
         return d, False
+
+    def _gate(self, src) -> dict | None:
+        """Before a resolution that needs the network: is the variant's PyTorch index there? Asked
+        once per run and index (the other combinations wait for the answer): a dead index costs one
+        quick question, not uv's three retries per combination."""
+        if src is None or not src.url:
+            return None
+        with self._lk:
+            ev = self._asked.get(src.url)
+            first = ev is None
+            if first:
+                ev = self._asked[src.url] = threading.Event()
+        if first:
+            try:
+                check_reachable(src.url)
+            except InfraError as e:
+                self.unreachable[src.url] = _unreachable_hint(e.message, src)
+            finally:
+                ev.set()
+        else:
+            ev.wait(60)
+        why = self.unreachable.get(src.url)
+        return {"status": "index-unreachable", "text": why} if why else None
 
     def _resolve(self, reqs: list[str], when: str, c: Combo, src: TorchSource) -> dict:
         lifts: dict[str, str] = {}  # package -> its own cutoff
@@ -523,6 +550,18 @@ class Locker:
         return {"status": status, "text": err[-20000:]}
 
 
+def _unreachable_hint(text: str, src) -> str:
+    """One first line that names the index that did not answer and the fix, above uv's words."""
+    if src is not None and src.url and redact(src.url) in redact(text):
+        head = (f"the PyTorch index {redact(src.url)} did not answer: set ENVBUILD_PYTORCH_INDEX (or "
+                "`pytorch_index:` in the matrix) to a mirror that serves it")
+    elif "timed out" in text and "uv pip compile" in text:
+        head = "the resolver timed out against the package index"
+    else:
+        head = "the package index did not answer: check the index pip/uv use (UV_DEFAULT_INDEX, PIP_INDEX_URL) and the proxy"
+    return head + "\n" + text
+
+
 # uv runs behind a one-line launcher that asks the kernel to SIGKILL it when envbuild dies (a kill
 # -9 of `envbuild lock` left uv running, the credentialed index URLs in its environment); a
 # launcher, not preexec_fn, because locks resolve in threads.
@@ -597,7 +636,8 @@ def run(args) -> int:
             futs.append(pool.submit(progress.wrap(one, c.id), c))
         for f in futs:  # plan order, whatever order they finish in
             emit(f.result())
-    print(f"uv resolutions run: {locker.uv_runs}", file=sys.stderr)
+    if os.environ.get("ENVBUILD_DEBUG"):
+        print(f"uv resolutions run: {locker.uv_runs}", file=sys.stderr)
     return worst
 
 

@@ -32,3 +32,21 @@ def test_an_unwritable_output_is_one_line_naming_the_path(run_cli, tmp_path):
         p = run_cli(*args)
         assert p.returncode == 2 and "Traceback" not in p.stderr, (args, p.stderr[-500:])
         assert str(bad) in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_build_says_what_it_would_build_and_asks_above_a_few(run_cli):
+    p = run_cli("build", "--dry-run", "--cuda", "cu126", "--vllm", "0.8.4")
+    assert p.returncode == 0 and p.stdout.startswith("envbuild build --dry-run: 3 image(s), up to ~26 GB")
+    assert "verl0.4.1-vllm0.8.4-torch2.6.0-cu126-py3.11" in p.stdout
+    q = run_cli("build", "--cuda", "cu126")  # no terminal, no --yes: refused before anything starts
+    assert q.returncode == 2 and "pass --yes" in q.stderr and len(q.stderr.strip().splitlines()) == 1
+
+
+def test_an_unreachable_pytorch_index_is_one_question_with_the_fix(run_cli, tmp_path, isolated_cache):
+    import time
+    t0 = time.monotonic()
+    p = run_cli("lock", "--cuda", "cu126", "--vllm", "0.8.4", "--out", tmp_path,
+                env={"ENVBUILD_PYTORCH_INDEX": "http://127.0.0.1:9/whl", "ENVBUILD_CACHE": str(isolated_cache)})
+    assert p.returncode == 3 and time.monotonic() - t0 < 20
+    assert p.stdout.count("the PyTorch index http://127.0.0.1:9/whl/cu126 did not answer: set") == 3
+    assert "ENVBUILD_PYTORCH_INDEX" in p.stdout and "uv resolutions run" not in p.stderr

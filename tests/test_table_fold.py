@@ -292,3 +292,13 @@ def test_caveats_reach_the_row_and_are_not_failures():
     row = fold_row([rec(c, probe, img=image(c))])
     assert row.status == "verified"
     assert row.hardware["caveats"][0]["kind"] == "needs-network" and "vocab.json" in row.hardware["caveats"][0]["what"]
+
+
+def test_a_combination_with_only_infrastructure_errors_is_not_a_row():
+    """Issue 28: an index that did not answer on a first try left 'untested' rows in the table."""
+    from envbuild.fold import fold
+    a, b = combo(verl="0.4.1"), combo(verl="0.5.0")
+    rows = fold([rec(a, stage="lock", status="error", cause="index-unreachable", run=1),
+                 rec(b, stage="lock", status="error", cause="index-unreachable", run=2),
+                 rec(b, passed("env"), img=image(b), run=3)])
+    assert [r.id for r in rows] == [b["id"]]
