@@ -20,7 +20,7 @@ from .errors import EnvbuildError
 # name -> (module, one-line help). One table; order is the order shown in --help.
 COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("envbuild.plan", "expand and filter the matrix"),
-    "lock": ("envbuild.lock", "resolve hash-pinned, era-consistent locks per combination"),
+    "lock": ("envbuild.lock_cmd", "resolve hash-pinned, era-consistent locks per combination"),
     "render": ("envbuild.render", "render one Dockerfile per combination"),
     "base": ("envbuild.base", "build base images (bootstrap: debootstrap + docker import)"),
     "build": ("envbuild.build", "lock, render, build (BuildKit), probe and record combinations"),

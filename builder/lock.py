@@ -35,7 +35,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import textwrap
 import threading
 import tomllib
@@ -48,14 +47,13 @@ from packaging.tags import compatible_tags, cpython_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from .errors import EnvbuildError, InfraError, InputError
+from .errors import EnvbuildError, InfraError
 from .fsutil import write_atomic, write_json_atomic
 from .scratch import scratch_dir
 from .lockfile import layer_text, parse_lock, text_of
-from .outcome import LOCK_OK, LOCK_VERDICTS, exit_of_lock
+from .outcome import LOCK_OK, LOCK_VERDICTS
 from .index import Metadata, TorchSource, check_reachable, default_index_url, redact, torch_source, uv_exe
-from .matrix import Matrix, matrix_from_args, plan_from_args
-from .selector import add_selector_args
+from .matrix import Matrix
 from .values import Combo
 
 from .paths import cache_dir
@@ -567,123 +565,3 @@ def _unreachable_hint(text: str, src) -> str:
 # launcher, not preexec_fn, because locks resolve in threads.
 _DIE_WITH_PARENT = [sys.executable, "-c", "import ctypes,os,sys\ntry:\n ctypes.CDLL(None).prctl(1, 9)\n"
                     "except (OSError, AttributeError):\n pass\nos.execvp(sys.argv[1], sys.argv[1:])"]
-
-
-# --------------------------------------------------------------------------- CLI
-
-
-def add_arguments(p) -> None:
-    add_selector_args(p)
-    p.add_argument("--out", default="locks", help="output folder (default: ./locks)")
-    p.add_argument("--json", action="store_true", help="print one JSON object per combination")
-    p.add_argument("-j", "--jobs", type=int, default=min(4, os.cpu_count() or 1),
-                   help="combinations resolved at once (default: min(4, CPUs))")
-    p.add_argument("--no-build", action="store_true",
-                   help="refuse packages that have no wheel for the image (built from source otherwise, "
-                        "with pinned build dependencies)")
-    p.add_argument("--allow-build", action="append", default=[], metavar="NAME",
-                   help="with --no-build: a package that may still be built from source (repeatable)")
-
-
-def summary(r: LockResult, out: Path) -> str:
-    """The text line(s) of one result: uv's explanation in full, wrapped."""
-    c = r.combo
-    line = f"{c.id}: {r.status}"
-    if r.ok:
-        line += (f" (as of {r.era}, {sum(len(l.packages) for l in r.layers)} packages"
-                 f"{', cached' if r.cached else ''}) -> {out / c.id}")
-    extra = [f"  note: {n}" for n in r.relaxed]
-    if r.built_from_source:
-        extra.append(f"  built from source: {', '.join(r.built_from_source)} (build constraints in "
-                     f"{out / c.id / 'build-constraints.txt'})")
-    if not r.ok:
-        extra.append(explain(r.detail))
-    return "\n".join([line] + extra)
-
-
-def run(args) -> int:
-    if args.jobs < 1:
-        raise InputError("command line", None, "--jobs", args.jobs, "must be at least 1")
-    meta = Metadata()
-    m = matrix_from_args(args)
-    pl = plan_from_args(args, meta)
-    locker = Locker(m, meta, no_build=args.no_build, allow_build=tuple(args.allow_build))
-    out = Path(args.out)
-    worst = 0
-
-    def one(c):
-        r = locker.lock(c, out)
-        if not r.ok:
-            locker.write(r, out)
-        return r
-
-    def emit(r: LockResult):
-        nonlocal worst
-        c = r.combo
-        if args.json:
-            print(json.dumps({"id": c.id, "status": r.status, "lock_hash": r.lock_hash, "era": r.era,
-                              "cached": r.cached, "detail": r.detail, "torch_index": r.torch_index,
-                              "relaxed": r.relaxed, "built_from_source": r.built_from_source,
-                              "layers": {l.name: l.packages for l in r.layers}}), flush=True)
-        else:
-            print(summary(r, out), flush=True)
-        worst = max(worst, exit_of_lock(r.status))
-
-    with ThreadPoolExecutor(max_workers=args.jobs, thread_name_prefix="envbuild-lock") as pool, \
-            _Progress(len(pl.combos)) as progress:
-        futs = []
-        for c in pl.combos:
-            futs.append(pool.submit(progress.wrap(one, c.id), c))
-        for f in futs:  # plan order, whatever order they finish in
-            emit(f.result())
-    if os.environ.get("ENVBUILD_DEBUG"):
-        print(f"uv resolutions run: {locker.uv_runs}", file=sys.stderr)
-    return worst
-
-
-class _Progress:
-    """A live progress display on a terminal (stderr); nothing at all when stderr is piped, so
-    that piped output stays one line per combination."""
-
-    def __init__(self, total: int):
-        self.total = total
-        self.live = None
-        if sys.stderr.isatty() and total > 0:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-            self.live = Progress(SpinnerColumn(), TextColumn("lock"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), TextColumn("{task.description}"),
-                                 console=Console(stderr=True), transient=True)
-            self.task = self.live.add_task("", total=total)
-        self.running: list[str] = []
-        self._lk = threading.Lock()
-
-    def __enter__(self):
-        if self.live:
-            self.live.start()
-        return self
-
-    def __exit__(self, *exc):
-        if self.live:
-            self.live.stop()
-
-    def wrap(self, fn, cid):
-        def run(*a):
-            self._set(cid, +1)
-            try:
-                return fn(*a)
-            finally:
-                self._set(cid, -1)
-        return run
-
-    def _set(self, cid, delta):
-        if not self.live:
-            return
-        with self._lk:
-            if delta > 0:
-                self.running.append(cid)
-            else:
-                self.running.remove(cid)
-            shown = ", ".join(self.running[:2]) + (f" +{len(self.running) - 2}" if len(self.running) > 2 else "")
-            self.live.update(self.task, advance=1 if delta < 0 else 0, description=shown)

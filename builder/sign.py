@@ -86,7 +86,7 @@ def write_keypair(out_dir: str | os.PathLike, name: str = DEFAULT_KEY_NAME,
     if not ignore.exists():
         # The key folder usually sits in the user's repository: one `git add .` from committing an
         # unencrypted signing key. Git skips what this lists; the public half stays addable.
-        write_atomic(ignore, f"# envbuild keygen: never commit a private key\n*.key\n")
+        write_atomic(ignore, "# envbuild keygen: never commit a private key\n*.key\n")
     write_atomic(priv_path, pem, mode=0o600)
     write_atomic(pub_path, json.dumps(pub.to_dict(), indent=2) + "\n")
     return priv_path, pub_path, pub
