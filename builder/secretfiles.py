@@ -10,19 +10,9 @@ import shutil
 import tempfile
 from typing import Iterator
 
-from .scratch import scratch_dir
+from .scratch import _alive, scratch_dir
 
 SECRETS_PREFIX = "envbuild-secrets-"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def clean_stale_secrets(tmp: str | None = None) -> list[str]:

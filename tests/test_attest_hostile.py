@@ -4,7 +4,6 @@ never as a traceback. A real HTTP server on 127.0.0.1 answers each way."""
 
 from __future__ import annotations
 
-import hashlib
 import http.server
 import json
 import threading
@@ -17,8 +16,7 @@ from envbuild.errors import InfraError
 from envbuild.registry import Registry
 from envbuild.sign import VerifyError, write_keypair
 
-IMAGE = b'{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","layers":[]}'
-DIGEST = "sha256:" + hashlib.sha256(IMAGE).hexdigest()
+from fuzz_registry import DIGEST, IMAGE  # the image every hostile registry serves
 
 
 def serve(att: bytes | None = None, referrers: bytes | None = None, drip: bool = False):

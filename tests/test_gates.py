@@ -4,12 +4,12 @@ evaluate is a caveat, not a failure. Synthetic modules for the rules, real verl 
 pinned vLLM 0.24.0 for the case seen on the H200 node."""
 
 import ast
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from test_probe_static import _install  # real wheels, no dependencies, into a folder
 
 from envbuild.probe.contract import _static_checks, static_report
 from envbuild.probe.gates import DEAD, GATED, LIVE, NOT_A_GUARD, Guards, compare, reachability
@@ -122,14 +122,6 @@ def test_a_gated_miss_is_a_caveat_not_a_failure(tmp_path):
         "findings": [f.__dict__ for f in finds]}}})
     assert v.status == PASS and v.checks[-1].status == PASS
     assert [c["kind"] for c in v.caveats] == [VERSION_GATED] and "eng.older" in v.caveats[0]["what"]
-
-
-def _install(target: Path, *reqs: str) -> Path:
-    if not (target / ".done").exists():
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
-                        "--disable-pip-version-check", "--target", str(target), *reqs], check=True, timeout=900)
-        (target / ".done").write_text("")
-    return target
 
 
 @pytest.mark.network
