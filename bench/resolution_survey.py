@@ -88,6 +88,7 @@ def survey_one(locker, c) -> dict:
     mine = {n: v for n, (v, _) in parse_lock(res.full_lock).items()}
     theirs = {n: v for n, (v, _) in parse_lock(ref["text"]).items()}
     torch_side = _reaches(res.full_lock, "torch") | _reaches(ref["text"], "torch")
+    engine_pins = _via(res.full_lock)  # who requires what in envbuild's lock (the extras' pins say the engine)
     diffs = []
     for n in sorted(set(mine) | set(theirs)):
         a, b = mine.get(n), theirs.get(n)
@@ -97,6 +98,8 @@ def survey_one(locker, c) -> dict:
             why = "torch-pin"
         elif b is None and a is not None:
             why = "extras" if ENGINE[c.engine].runtime_extras else "unexplained"
+        elif ENGINE[c.engine].runtime_extras and dist_of(c.engine) in engine_pins.get(n, set()):
+            why = "extras"  # the engine's runtime extra pins it (sglang[srt] pins transformers)
         elif n in torch_side and mine.get("torch") != theirs.get("torch"):
             why = "follows-torch"
         else:
