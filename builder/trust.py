@@ -213,6 +213,7 @@ class Reader:
         return box["data"]
 
     def _download(self, url: str, timeout: float, stop) -> bytes:
+        import http.client
         import ssl
         import urllib.error  # here: urllib.request costs ~25 ms to import; local tables never need it
         import urllib.request
@@ -242,6 +243,8 @@ class Reader:
                 while not stop.is_set():
                     b = resp.read1(1 << 16)
                     if not b:
+                        if size and size.isdigit() and total < int(size):  # the connection ended early
+                            raise InfraError("table-unreachable", f"{url}: {total} of {size} bytes arrived (truncated)")
                         return b"".join(chunks)
                     total += len(b)
                     if total > self.max_bytes:
@@ -253,6 +256,8 @@ class Reader:
             if e.code == 404:
                 raise _NotFound
             raise InfraError("table-unreachable", f"{url}: HTTP {e.code}")
+        except http.client.HTTPException as e:  # a bad status line, 100+ headers, a bad chunk size, cut short
+            raise InfraError("table-unreachable", f"{url}: malformed HTTP from the server ({type(e).__name__})")
         except ssl.SSLCertVerificationError as e:
             raise TrustError(f"{url}: TLS certificate not trusted ({e.verify_message}); pass --ca FILE or set "
                              "SSL_CERT_FILE")

@@ -197,3 +197,41 @@ def test_remote_tampering_is_refused(remote, tmp_path):
 def test_unreachable_url_is_infrastructure(remote):
     with pytest.raises(InfraError):
         load_verified("https://127.0.0.1:9/table/", remote["pub"])
+
+
+@pytest.mark.parametrize("raw", [
+    b"HTTP/1.1 OK-ish\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-H%d: v\r\n" % i for i in range(150)) + b"\r\n",
+    b"HTTP/1.1 200 OK\r\nX-Long: " + b"a" * 100_000 + b"\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n",
+    b"HTTP/1.1 200 OK\r\nContent-Length: 5000\r\n\r\n{\"payload\": \"",
+], ids=["bad-status-line", "150-headers", "100kB-header", "bad-chunk-size", "truncated"])
+def test_malformed_http_from_a_table_server_is_infrastructure(raw, run_cli):
+    """Issue 27: http.client's exceptions escaped as tracebacks, and a truncated body was called
+    'not a DSSE envelope' (a trust failure, exit 2) instead of infrastructure (exit 3)."""
+    import socket
+    import threading
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+
+    def serve():
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            try:
+                c.recv(65536)
+                c.sendall(raw)
+            except OSError:
+                pass
+            finally:
+                c.close()
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.getsockname()[1]}/table/"
+        p = run_cli("pick", "--table", url, "--insecure", "--vllm", "0.8.4", timeout=60)
+        assert p.returncode == 3 and "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    finally:
+        srv.close()
