@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -88,12 +89,19 @@ def run(args) -> int:
     return worst
 
 
-class _Progress:
-    """A live progress display on a terminal (stderr); nothing at all when stderr is piped, so
-    that piped output stays one line per combination."""
+HEARTBEAT_S = 15.0  # piped: one plain stderr line this often while resolutions run
 
-    def __init__(self, total: int):
+
+class _Progress:
+    """A live progress display on a terminal (stderr). Piped, stdout stays one line per
+    combination and stderr gets a plain heartbeat while resolutions run (a CI log that shows
+    nothing for 30 s looks hung)."""
+
+    def __init__(self, total: int, heartbeat_s: float = HEARTBEAT_S):
         self.total = total
+        self.done = 0
+        self.heartbeat_s = heartbeat_s
+        self._beat = None
         self.live = None
         if sys.stderr.isatty() and total > 0:
             from rich.console import Console
@@ -109,11 +117,27 @@ class _Progress:
     def __enter__(self):
         if self.live:
             self.live.start()
+        elif self.total > 0:
+            self._stop = threading.Event()
+            self._beat = threading.Thread(target=self._heartbeat, daemon=True, name="envbuild-lock-heartbeat")
+            self._beat.start()
         return self
 
     def __exit__(self, *exc):
         if self.live:
             self.live.stop()
+        if self._beat:
+            self._stop.set()
+
+    def _heartbeat(self):
+        t0 = time.monotonic()
+        while not self._stop.wait(self.heartbeat_s):
+            with self._lk:
+                running = list(self.running)
+            if running:
+                print(f"lock: {self.done}/{self.total} done, {time.monotonic() - t0:.0f} s; resolving "
+                      + ", ".join(running[:3]) + (f" +{len(running) - 3}" if len(running) > 3 else ""),
+                      file=sys.stderr, flush=True)
 
     def wrap(self, fn, cid):
         def run(*a):
@@ -125,12 +149,13 @@ class _Progress:
         return run
 
     def _set(self, cid, delta):
-        if not self.live:
-            return
         with self._lk:
             if delta > 0:
                 self.running.append(cid)
             else:
                 self.running.remove(cid)
+                self.done += 1
+            if not self.live:
+                return
             shown = ", ".join(self.running[:2]) + (f" +{len(self.running) - 2}" if len(self.running) > 2 else "")
             self.live.update(self.task, advance=1 if delta < 0 else 0, description=shown)

@@ -30,33 +30,38 @@ with_heartbeat() {
   return "$rc"
 }
 
-step "1/7 services: Docker engine and a registry on 127.0.0.1:5000 (ci/services.sh)"
+step "1/8 services: Docker engine and a registry on 127.0.0.1:5000 (ci/services.sh)"
 bash ci/services.sh
 
-step "2/7 envbuild into ./.venv"
+step "2/8 envbuild into ./.venv"
 bash ci/venv.sh
 export PATH="$PWD/.venv/bin:$PATH"
 command -v nm >/dev/null || { apt-get update -qq; apt-get install -y -qq binutils >/dev/null; }
 envbuild --version
 
-step "3/7 plan"
+step "3/8 plan"
 envbuild plan "${sel[@]}"
 
 # One step: the build bootstraps the base (debootstrap from the distribution's packages, ~2 min
 # cold) while the locks resolve, and pushes while it probes (envbuild.build, "What overlaps").
-step "4/7 base image, lock, build, push and probe (~6 min cold: torch, the engine and verl are GBs)"
+step "4/8 base image, lock, build, push and probe (~6 min cold: torch, the engine and verl are GBs)"
 with_heartbeat "base/lock/build/push/probe" \
   envbuild build "${sel[@]}" --base bootstrap --repository 127.0.0.1:5000 --push --probe cpu --results results
 
-step "5/7 signing key (./keys) and the signed table (./table)"
+step "5/8 signing key (./keys) and the signed table (./table)"
 [ -f keys/envbuild.key ] || envbuild keygen --out keys
 envbuild publish --results results --key keys/envbuild.key --out table
 
-step "6/7 verify the table against the key generated in step 5"
+step "6/8 verify the table against the key generated in step 5"
 envbuild verify table --pubkey keys/envbuild.pub.json
 
-step "7/7 pick: the verified image, digest-pinned"
+step "7/8 pick: the verified image, digest-pinned"
 envbuild pick "${sel[@]}" --table table --pubkey keys/envbuild.pub.json --level contract
+
+step "8/8 attach the signed test result, SBOM and provenance to the image, then verify the image itself"
+envbuild attach --results results --key keys/envbuild.key
+ref="$(envbuild pick "${sel[@]}" --table table --pubkey keys/envbuild.pub.json --level contract 2>/dev/null)"
+envbuild verify "$ref" --pubkey keys/envbuild.pub.json
 
 step "done in $(elapsed)"
 cat <<'EOF'

@@ -50,3 +50,14 @@ def test_an_unreachable_pytorch_index_is_one_question_with_the_fix(run_cli, tmp_
     assert p.returncode == 3 and time.monotonic() - t0 < 20
     assert p.stdout.count("the PyTorch index http://127.0.0.1:9/whl/cu126 did not answer: set") == 3
     assert "ENVBUILD_PYTORCH_INDEX" in p.stdout and "uv resolutions run" not in p.stderr
+
+
+def test_a_long_lock_says_it_is_alive_when_piped(capsys):
+    """Issue 28: piped, `lock` was silent for 25-35 s. A plain stderr line now, no escape codes."""
+    import time
+
+    from envbuild.lock_cmd import _Progress
+    with _Progress(2, heartbeat_s=0.2) as prog:
+        prog.wrap(lambda: time.sleep(0.7), "verl0.4.1-hf")()
+    err = capsys.readouterr().err
+    assert "lock: 0/2 done" in err and "resolving verl0.4.1-hf" in err and "\x1b" not in err
