@@ -88,3 +88,27 @@ def test_every_distribution_imported_at_module_level_is_declared():
     missing = {t: dists.get(t) for t in third
                if not any(d.lower().replace("_", "-") in declared for d in dists.get(t, [t]))}
     assert third and missing == {}, missing
+
+
+def test_pick_and_verify_need_only_packaging_and_securesystemslib(tmp_path):
+    """The README's pick-only install (`pip install --no-deps envbuild packaging
+    'securesystemslib[crypto]'`): pick and verify import nothing else. The other dependencies are
+    blocked in a child process, which then picks from the committed H200 evidence table."""
+    root = Path(__file__).resolve().parent.parent
+    table = root / "bench" / "h200_rows" / "table"
+    code = f"""
+import sys
+BLOCKED = {{"uv", "oras", "omegaconf", "hydra", "rich", "jinja2", "yaml", "requests", "jsonschema"}}
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError("blocked for this test: " + name)
+sys.meta_path.insert(0, Block())
+from envbuild.cli import main
+assert main(["verify", {str(table)!r}, "--pubkey", {str(table / 'pubkey.json')!r}]) == 0
+assert main(["pick", "--hf", "--verl", "0.9.1", "--in-place", "--table", {str(table)!r},
+             "--pubkey", {str(table / 'pubkey.json')!r}]) == 0
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "ENVBUILD_STATE": str(tmp_path / "state"), "ENVBUILD_CONFIG": str(tmp_path / "c")})
+    assert p.returncode == 0, p.stderr[-2000:]
