@@ -8,9 +8,9 @@ Prints a table and writes JSON (bench/build_speed.json by default):
   - a second combination sharing torch, built after the first (goal: <= 0.05x a cold build)
     and the bytes each first image shares with it
   - a no-op rebuild of the already-built combinations (goal: <= 2 s per combination)
-  - push to the local registry: the naive image and envbuild's with gzip (`docker push`), and
-    envbuild's with zstd (OCI media types) where a zstd pusher exists (the tool is recorded;
-    otherwise the reason)
+  - push to the local registry, against the floors measured in the same run (reading the image;
+    reading it through zstd on every core): envbuild's image uncompressed (the default to a
+    loopback registry), zstd and gzip, the second combination after it, the naive image with gzip
   - torch-pair: two torch releases of one CUDA variant (hf, default 2.5.1 and 2.6.0 on cu124),
     the second built with --no-cache so equal layers come from equal bytes, not from the cache:
     which layers (CUDA libraries) have the same digest, and the bytes they share
@@ -159,7 +159,8 @@ def main(argv=None) -> int:
             cold_section(engine, a, b, sel_a, sel_b, common, results, lock, base, work, images, ca, out)
         if "push" in sections:
             ref = out.get("envbuild", {}).get("ref") or out.get("torch_pair", {}).get("refs", [None])[-1]
-            out["push"] = push_section(engine, args.registry, ref, out.get("naive_ref"), images)
+            out["push"] = push_section(engine, args.registry, ref, out.get("naive_ref"), images,
+                                       out.get("second", {}).get("ref"))
     finally:
         if not args.keep:
             engine.remove(*images, force=True)
@@ -188,7 +189,7 @@ def cold_section(engine, a, b, sel_a, sel_b, common, results, lock, base, work, 
                            secrets={"ca-bundle": ca} if ca else {}, timeout=3600)
         assert res.ok, (work / "naive.log").read_text()[-3000:]
         images.append(naive_ref)
-        out["naive"] = {"seconds": round(res.seconds, 1), "size": engine.image_size(naive_ref)}
+        out["naive"] = {"seconds": round(res.seconds, 1), "size": engine.image_size(naive_ref), "load": _load()}
 
         _cold(engine)
         print(f"envbuild cold build of {a.id} ...", file=sys.stderr)
@@ -197,7 +198,7 @@ def cold_section(engine, a, b, sel_a, sel_b, common, results, lock, base, work, 
         ra = latest(results, a.id)
         images += ra.image["tags"]
         out["envbuild"] = {"seconds": round(secs, 1), "build_seconds": ra.timings.get("build"),
-                           "size": ra.image["size"], "ref": ra.image["ref"]}
+                           "size": ra.image["size"], "ref": ra.image["ref"], "load": _load()}
 
         print(f"envbuild build of the second combination {b.id} ...", file=sys.stderr)
         secs_b, p = envbuild("build", *sel_b, *common, "--rebuild")
@@ -289,29 +290,63 @@ def _secret_files(values):
     return secret_files(values)
 
 
-def push_section(engine, registry: str, ref: str | None, naive_ref: str | None, images: list[str]) -> dict:
-    """Push to fresh repositories (no blob is already there): envbuild's image with gzip and with
-    zstd (the tool that ran is recorded, or why none could), and the naive image with gzip."""
+def push_section(engine, registry: str, ref: str | None, naive_ref: str | None, images: list[str],
+                 second_ref: str | None = None) -> dict:
+    """The floors first, in the same run: reading the image from the daemon (`docker save`, all
+    bytes, nothing written) and reading it through `zstd -3 -T0` (every core). Then pushes to fresh
+    repositories (no blob there yet): envbuild's image with each codec (none: the default to a
+    loopback registry; zstd; gzip through docker push), the naive image with gzip, and the second
+    combination after the first (only the layers it does not share are sent). Each push's ratio
+    is to the floor of its codec (none and gzip: the read floor; zstd: the zstd floor); the load
+    average is recorded beside each figure."""
     from envbuild.errors import InfraError
 
-    out: dict = {"registry": registry}
+    out: dict = {"registry": registry, "floor": {}}
+    if ref:
+        for key, argv in (("read", None), ("zstd", ["zstd", "-3", "-T0", "-q", "-c"])):
+            t = time.monotonic()
+            n = _read_through(engine, ref, argv)
+            out["floor"][key] = {"seconds": round(time.monotonic() - t, 1), "bytes": n, "load": _load()}
     run = hashlib.sha256(str(time.time()).encode()).hexdigest()[:8]
-    todo = [("envbuild_gzip", ref, "gzip"), ("envbuild_zstd", ref, "zstd"), ("naive_gzip", naive_ref, "gzip")]
+    todo = [("envbuild_none", ref, "none"), ("second_none", second_ref, "none"), ("envbuild_zstd", ref, "zstd"),
+            ("envbuild_gzip", ref, "gzip"), ("naive_gzip", naive_ref, "gzip")]
     for key, src, comp in todo:
         if not src:
             continue
-        dst = f"{registry}/envbuild-bench/{run}-{key.replace('_', '-')}:{src.rsplit(':', 1)[1]}"
+        # the second goes where the first went (envbuild_none): only what they do not share is sent
+        repo = f"{run}-{'envbuild-none' if key.startswith('second') else key}".replace("_", "-")
+        dst = f"{registry}/envbuild-bench/{repo}:{src.rsplit(':', 1)[1]}"
         engine.tag(src, dst)
         images.append(dst)
-        t = time.monotonic()
+        load = _load()
         try:
-            digest = engine.push(dst, compression=comp)
+            rep = engine.push_report(dst, compression=comp)
         except InfraError as e:
             out[key] = {"error": str(e)}
             continue
-        out[key] = {"seconds": round(time.monotonic() - t, 1), "tool": engine.last_push_tool, "digest": digest,
-                    "pushed_bytes": _pushed_bytes(dst)}
+        floor = out["floor"].get("zstd" if comp == "zstd" else "read", {}).get("seconds")
+        out[key] = {**rep.to_dict(), "digest": rep.digest, "pushed_bytes": _pushed_bytes(dst), "load": load,
+                    "ratio_to_floor": round(rep.seconds / floor, 2) if floor else None}
     return out
+
+
+def _load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def _read_through(engine, ref: str, argv) -> int:
+    """Read the image out of the daemon (through `argv` when given); -> bytes at the end."""
+    n = 0
+    with engine.save_stream(ref) as stream:
+        if argv is None:
+            while chunk := stream.read(1 << 20):
+                n += len(chunk)
+            return n
+        p = subprocess.Popen(argv, stdin=stream, stdout=subprocess.PIPE)
+        while chunk := p.stdout.read(1 << 20):
+            n += len(chunk)
+        assert p.wait() == 0
+    return n
 
 
 def _pushed_bytes(ref: str) -> int | None:
@@ -349,13 +384,20 @@ def print_table(out: dict, a, b) -> None:
             ("no-op rebuild, per combination", " / ".join(f"{x:.1f} s" for x in noop), "",
              f"goal <= {GOALS['noop_per_combo_s']} s"),
         ]
-    for key, label in (("envbuild_gzip", "push envbuild image, gzip"), ("envbuild_zstd", "push envbuild image, zstd"),
+    push = out.get("push", {})
+    for key, label in (("read", "floor: read the image (docker save)"), ("zstd", "floor: read + zstd -3 -T0")):
+        r = push.get("floor", {}).get(key)
+        if r:
+            rows.append((label, f"{r['seconds']:.0f} s", f"{r['bytes'] / gb:.2f} GB", f"load {r['load']}"))
+    for key, label in (("envbuild_none", "push envbuild image, none"), ("second_none", "push second image, none"),
+                       ("envbuild_zstd", "push envbuild image, zstd"), ("envbuild_gzip", "push envbuild image, gzip"),
                        ("naive_gzip", "push naive image, gzip")):
-        r = out.get("push", {}).get(key)
+        r = push.get(key)
         if r and "error" in r:
-            rows.append((label, "-", "", r["error"][:100]))
+            rows.append((label, "-", "-", r["error"]))
         elif r:
-            rows.append((label, f"{r['seconds']:.0f} s", f"{(r['pushed_bytes'] or 0) / gb:.2f} GB", f"via {r['tool']}"))
+            rows.append((label, f"{r['seconds']:.0f} s", f"{(r['pushed_bytes'] or 0) / gb:.2f} GB",
+                         f"via {r['tool']}, {r['ratio_to_floor']}x floor, load {r['load']}, blobs {r['blobs']}"))
     tp = out.get("torch_pair")
     if tp:
         for bld in tp["builds"]:

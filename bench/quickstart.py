@@ -53,7 +53,7 @@ def found_on_machine(docker: str) -> dict:
         registry = {"answers": True, "has_envbuild_verl": "envbuild/verl" in repos}
     except OSError:
         registry = {"answers": False, "has_envbuild_verl": False}
-    return {"installed": {c: bool(shutil.which(c)) for c in ("dockerd", "docker-registry", "debootstrap", "skopeo")},
+    return {"installed": {c: bool(shutil.which(c)) for c in ("dockerd", "docker-registry", "debootstrap", "zstd")},
             "base_images": images(docker, r"^envbuild/base:"), "envbuild_images": images(docker, r"(^|.*/)envbuild/verl:"),
             "envbuild_build_cache_entries": len(own), "registry": registry}
 

@@ -29,7 +29,7 @@ from .outcome import exit_of_records
 from .probe_run import VerdictCache, probe_image_levels
 from .pipeline import DEFAULT_TIMEOUT, PROBE_CHOICES, BaseFutures, Builder, Options, run_all
 from .progress import PlainProgress, RichProgress
-from .push import pusher_for
+from .push import COMPRESSIONS, pusher_for
 from .record import latest_by_combo
 from .render import render_combo
 from .selector import add_selector_args
@@ -128,8 +128,9 @@ def add_arguments(p) -> None:
                    help="probe even when this image content was already probed by this probe version")
     p.add_argument("--no-cache", action="store_true",
                    help="ignore BuildKit's layer cache (a cold build; download caches stay)")
-    p.add_argument("--compression", default="gzip", choices=("gzip", "zstd"),
-                   help="layers pushed as gzip (default, every client) or zstd (OCI media types; needs skopeo)")
+    p.add_argument("--compression", default="auto", choices=COMPRESSIONS,
+                   help="pushed layers: auto (default: none to a registry on this machine, zstd elsewhere), "
+                        "none, zstd (OCI media types, every core; needs the zstd program) or gzip (docker push)")
 
 
 CONFIRM_ABOVE = 3  # combinations one `build` starts without --yes (or a yes on a terminal)
@@ -199,7 +200,7 @@ def run(args) -> int:
     opts.probe = _probe_level(opts.probe)
     engine = detect()
     if opts.push:
-        pusher_for(engine, opts.compression)  # no zstd pusher here: say so before building
+        pusher_for(engine, opts.compression, opts.repo)  # no zstd program here: say so before building
     opts.results.mkdir(parents=True, exist_ok=True)
     # --json: the result on stdout, progress on stderr (a live table only on a terminal)
     out = sys.stderr if args.json else sys.stdout

@@ -11,6 +11,7 @@ host network: daemons here run without a bridge, and only 127.0.0.1 is a legitim
 from __future__ import annotations
 
 import collections
+import contextlib
 import io
 import json
 import os
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import InfraError
-from .push import pusher_for, registry_digest, skopeo_push
+from . import push as pushing
 from .values import split_ref
 from .probe.vocab import host_platform, platform_arch
 
@@ -104,7 +105,7 @@ class Engine:
     client: str
     mode: str  # "buildx" | "buildkit"
     server_version: str = ""
-    last_push_tool: str = ""  # what the last push ran: docker | skopeo
+    last_push_tool: str = ""  # what the last push ran: docker | envbuild (see push_report)
 
     # -- plumbing ---------------------------------------------------------------------------
     def _env(self) -> dict:
@@ -353,23 +354,33 @@ class Engine:
     def pull(self, ref: str, timeout: float = 1800) -> None:
         self.cmd("pull", "-q", ref, timeout=timeout)
 
-    def push(self, ref: str, timeout: float = 3600, compression: str = "gzip") -> str:
-        """Push a tag; return the pushed digest as `repo@sha256:...`. gzip: `docker push`;
-        zstd: the copier pusher_for names (self.last_push_tool says which ran)."""
-        tool = pusher_for(self, compression)
-        self.last_push_tool = tool
-        if tool == "skopeo":
-            return skopeo_push(ref, compression, timeout)
-        p = self.cmd("push", ref, timeout=timeout)
-        # The registry's own answer is the digest (a HEAD through envbuild.registry, with the
-        # user's credentials); the push's output is only read when the registry cannot be asked.
-        dig = registry_digest(ref)
-        m = re.search(r"digest:\s*(sha256:[0-9a-f]{64})", p.stdout)
-        if dig and m and dig != m.group(1):
-            raise InfraError("daemon-error", f"docker push {ref}: pushed {m.group(1)} but the registry serves {dig}")
-        if not (dig or m):
-            raise InfraError("daemon-error", f"docker push {ref}: the registry names no digest for it")
-        return f"{split_ref(ref)[0]}@{dig or m.group(1)}"
+    def push(self, ref: str, timeout: float = 3600, compression: str = "auto") -> str:
+        """Push a tag; return the pushed digest as `repo@sha256:...` (envbuild.push says how)."""
+        return self.push_report(ref, timeout, compression).digest
+
+    def push_report(self, ref: str, timeout: float = 3600, compression: str = "auto") -> "pushing.PushReport":
+        rep = pushing.push(self, ref, compression, timeout)
+        self.last_push_tool = rep.tool
+        return rep
+
+    @contextlib.contextmanager
+    def save_stream(self, ref: str):
+        """`docker save REF` as a stream of tar bytes, never written to disk here."""
+        p = subprocess.Popen([self.client, "save", ref], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env=self._env())
+        ok = False
+        try:
+            yield p.stdout
+            ok = True
+        finally:
+            if not ok and p.poll() is None:
+                p.kill()
+            p.stdout.close()
+            err = p.stderr.read().decode(errors="replace").strip().splitlines()
+            p.stderr.close()
+            rc = p.wait()
+        if rc != 0:
+            raise InfraError("daemon-error", f"docker save {ref}: {err[-1] if err else f'exit {rc}'}")
 
     def cache_entries(self) -> list[dict]:
         """BuildKit's cache records (ID, CacheType, Description, Size, InUse, ...)."""
@@ -382,10 +393,10 @@ class Engine:
             self.cmd("builder", "prune", "-f", "--filter", f"id={i}", check=False, timeout=600)
 
     def registry_has(self, ref: str) -> bool:
-        return registry_digest(ref) is not None
+        return pushing.registry_digest(ref) is not None
 
     def remote_digest(self, ref: str) -> str:
-        dig = registry_digest(ref)
+        dig = pushing.registry_digest(ref)
         if not dig:
             raise InfraError("daemon-error", f"{ref}: not in its registry")
         return f"{split_ref(ref)[0]}@{dig}"

@@ -13,7 +13,7 @@ The index's media type follows its children, and they must agree:
   * Docker schema 2 manifests (what `docker push` writes, gzip) -> a Docker manifest list
     (application/vnd.docker.distribution.manifest.list.v2+json), which may only name Docker
     manifests;
-  * OCI manifests (skopeo's zstd push) -> an OCI image index.
+  * OCI manifests (envbuild's own pusher: none and zstd layers) -> an OCI image index.
 A mix is refused rather than written as an OCI index: the OCI spec allows it, but registries
 differ (strict ones such as Nexus reject a list whose type does not fit its children; Quay
 failed on mixed indexes until mid-2026), and a tag that pushes to one registry and not another

@@ -70,7 +70,7 @@ class Options:
     torch_index_root: str | None = None  # the PyTorch index in force (index.pytorch_root): the build's secret
     rebuild: bool = False
     no_cache: bool = False
-    compression: str = "gzip"  # of pushed layers: gzip | zstd (envbuild.docker.pusher_for)
+    compression: str = "auto"  # of pushed layers: envbuild.push.COMPRESSIONS
 
 
 class BaseFutures:
@@ -330,20 +330,24 @@ class Builder:
                     raise val
                 timings["push"] = round(pusher.seconds, 3)
         if push_out and push_out[0] == "ok":
-            rec.image["digest"] = push_out[1]
+            rep = push_out[1]
+            rec.image["digest"] = rep if isinstance(rep, str) else rep.digest
+            if not isinstance(rep, str):
+                rec.image["push"] = rep.to_dict()
         if push_out and probe_out:
             timings["push_probe_wall"] = round(time.monotonic() - wall, 3)
         if probe_out and probe_out[0] == "verdicts":
             rec.probe = dict(probe_out[1])  # the glibc and the rest it read stay in the verdicts
         return finish(*push_probe_outcome(push_out, probe_out))
 
-    def _push(self, content_ref: str, readable_ref: str, remote: bool) -> str:
-        """-> the pushed digest. Content already in the registry is not pushed again."""
+    def _push(self, content_ref: str, readable_ref: str, remote: bool):
+        """-> the pushed digest (content already in the registry: not pushed again), or the push's
+        report (envbuild.push.PushReport)."""
         if remote:
             return self.engine.remote_digest(content_ref)
-        digest = self.engine.push(content_ref, compression=self.o.compression)
-        self.engine.push(readable_ref, compression=self.o.compression)
-        return digest
+        rep = self.engine.push_report(content_ref, compression=self.o.compression)
+        self.engine.push(readable_ref, compression=self.o.compression)  # a manifest: the blobs are there
+        return rep
 
     def _probe(self, combo, content_ref: str, rec):
         """The CPU levels, then the GPU level where asked (envbuild.probe_run: one path for every

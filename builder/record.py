@@ -16,7 +16,8 @@ Record fields (schema 1; envbuild.outcome says what the statuses mean):
                 "download-failure", "compile-failure", "missing-wheel", "timeout", "daemon-error"
   detail        one paragraph: the explanation or the last lines of the failing output
   base          {"kind": "nvidia"|"bootstrap"|"image", "ref", "digest"?}: what the image was built FROM
-  image         {"ref", "tags", "content_hash", "id", "digest" ("repo@sha256:..." after push), "size", "reused"}
+  image         {"ref", "tags", "content_hash", "id", "digest" ("repo@sha256:..." after push), "size", "reused",
+                "push" (envbuild.push.PushReport: codec, tool, seconds, bytes read and sent, blobs)}
   lock_hash     sha256 of the combination's full lock
   probe         {level: outcome.Verdict} for levels "env"|"contract"|"gpu" (typed on read; written as
                 the probe's JSON)

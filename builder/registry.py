@@ -223,14 +223,56 @@ class Registry:
         loc = r.headers.get("Location")
         if r.status_code != 202 or not loc:
             raise self._fail(r, f"POST {name} blob upload")
-        if loc.startswith("/"):
-            loc = self.base[: -len("/v2")] + loc
+        loc = self._absolute(loc)
         loc += ("&" if "?" in loc else "?") + f"digest={d.digest}"
         r = self.request("PUT", name, "", url=loc, data=data,
                          headers={"Content-Type": "application/octet-stream", "Content-Length": str(len(data))})
         if r.status_code not in (201, 204):
             raise self._fail(r, f"PUT {name} blob {d.digest}")
         return d
+
+    def blob_size(self, name: str, digest: str) -> int | None:
+        """The size of a blob the repository holds, or None."""
+        r = self.request("HEAD", name, f"blobs/{digest}")
+        if r.status_code != 200:
+            return None
+        return int(r.headers.get("Content-Length") or 0)
+
+    def mount_blob(self, name: str, digest: str, source: str) -> bool:
+        """Link a blob that repository `source` of this registry holds into `name` without
+        uploading it (a cross-repository mount). False where the registry declines; an upload
+        session it opened instead is cancelled."""
+        r = self.request("POST", name, f"blobs/uploads/?mount={digest}&from={source}")
+        if r.status_code == 201:
+            return True
+        loc = r.headers.get("Location")
+        if r.status_code == 202 and loc:
+            self.request("DELETE", name, "", url=self._absolute(loc))
+        return False
+
+    def upload_stream(self, name: str, chunks, digest_of) -> Descriptor:
+        """Upload a blob whose digest is known only once its bytes are sent: one POST, one
+        streamed (chunked) PATCH, one PUT with the digest `digest_of()` gives after `chunks`
+        ran out. -> the descriptor (media type left to the caller)."""
+        r = self.request("POST", name, "blobs/uploads/")
+        loc = r.headers.get("Location")
+        if r.status_code != 202 or not loc:
+            raise self._fail(r, f"POST {name} blob upload")
+        r = self.request("PATCH", name, "", url=self._absolute(loc), data=chunks,
+                         headers={"Content-Type": "application/octet-stream"})
+        loc = r.headers.get("Location")
+        if r.status_code != 202 or not loc:
+            raise self._fail(r, f"PATCH {name} blob upload")
+        digest, size = digest_of()
+        loc = self._absolute(loc)
+        r = self.request("PUT", name, "", url=loc + ("&" if "?" in loc else "?") + f"digest={digest}",
+                         headers={"Content-Length": "0"})
+        if r.status_code not in (201, 204):
+            raise self._fail(r, f"PUT {name} blob {digest}")
+        return Descriptor("", digest, size)
+
+    def _absolute(self, loc: str) -> str:
+        return self.base[: -len("/v2")] + loc if loc.startswith("/") else loc
 
     def get_blob(self, name: str, digest: str, max_bytes: int = 64 << 20) -> bytes | None:
         r = self.request("GET", name, f"blobs/{digest}", stream=True)

@@ -16,7 +16,7 @@ need=()
 command -v chromium >/dev/null || need+=(chromium)
 command -v nm >/dev/null || need+=(binutils)
 command -v shellcheck >/dev/null || need+=(shellcheck)  # actionlint checks run: scripts with it
-command -v skopeo >/dev/null || need+=(skopeo)  # --compression zstd pushes through it (test_push_compression)
+command -v zstd >/dev/null || need+=(zstd)  # --compression zstd compresses with it (test_push_compression)
 if [ "${#need[@]}" -gt 0 ]; then
   echo "test.sh: installing ${need[*]}"
   apt-get update -qq

@@ -75,11 +75,15 @@ class FakeEngine:
     def pull(self, ref, timeout=0):
         self.local.add(ref)
 
-    def push(self, ref, compression="gzip"):
+    def push(self, ref, compression="auto"):
         self.pushed.append(ref)
         dig = "sha256:" + hashlib.sha256(ref.encode()).hexdigest()
         self.remote[ref] = dig
         return ref.rsplit(":", 1)[0] + "@" + dig
+
+    def push_report(self, ref, compression="auto"):
+        from envbuild.push import PushReport
+        return PushReport(self.push(ref, compression), "none", "envbuild", sent_bytes=1)
 
     def build(self, context, *, log_path, timeout=None, on_line=None, stop=None, tags=(), secrets=None, **kw):
         call = {"context": str(context), "tags": list(tags), "secrets": dict(secrets or {}),

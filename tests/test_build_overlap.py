@@ -159,7 +159,7 @@ class PushingEngine(FakeEngine):
         self.push_started = threading.Event()
         self.saw_probe = None
 
-    def push(self, ref, compression="gzip"):
+    def push(self, ref, compression="auto"):
         self.push_started.set()
         if self.saw_probe is None:
             self.saw_probe = self.probe_started.wait(WAIT)

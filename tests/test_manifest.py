@@ -72,7 +72,7 @@ def env(tmp_path_factory):
             tag = f"{repo}:t-{plat.split('/')[1]}"
             _build(eng, ctx, tag, plat)
             local.append(tag)
-            pushed[plat] = eng.push(tag).split("@", 1)[1]
+            pushed[plat] = eng.push(tag, compression="gzip").split("@", 1)[1]  # Docker schema 2 children
         eng.remove(*local, force=True)  # the pulls below come from the registry
         yield eng, repo, name, pushed
     finally:
@@ -177,7 +177,7 @@ def test_a_missing_child_is_a_registry_error(env):
 
 
 def _oci_image(reg: Registry, name: str, platform: str) -> str:
-    """An OCI image manifest (what skopeo's zstd push writes), put by digest; -> its digest."""
+    """An OCI image manifest (what envbuild's own pusher writes), put by digest; -> its digest."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tf:
         data = secrets.token_bytes(16)
