@@ -139,6 +139,9 @@ def test_wheelhouse_venv_and_an_in_place_record(tmp_path, run_cli):
     info = materialize(c.id, doc["rows"][c.id], wh, venv, sys.executable, use_host=True)
     assert [r["name"] for r in info["reused"]] == ["packaging"] and info["installed"] == 1
     assert "environment matches the lock (2 distributions)" in info["check"]
+    # compiled at install (before anything imported six), as the image's bytecode step does
+    site = next((venv / "lib").glob("python*/site-packages"))
+    assert list((site / "__pycache__").glob("six.cpython-*.pyc")) and "bytecode" in info["seconds"]
     out = subprocess.run([str(venv / "bin" / "python"), "-c", "import six, packaging; print(six.__version__)"],
                          capture_output=True, text=True)
     assert out.stdout.strip() == "1.17.0", out.stderr

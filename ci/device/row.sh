@@ -8,6 +8,7 @@
 #        envbuild venv (the row's lock, offline, the node's own distributions reused where they are
 #        the lock's pins) and envbuild probe --here --level gpu, recording the row in place
 # Writes into $OUT (when set): record-<row>.json, verdict.json, venv.json, probe.log, gpumem.csv.
+# ROW_COMPARE=1: then also an uncompiled venv's probe and the compiled one's again (verdict-*.json).
 set -u
 mode=${1:?stash|run}; dir=${2:?carried folder}; shift 2
 wh=/tmp/wh; out=${OUT:-/tmp/row-out}; mkdir -p "$wh/files" "$wh/parts" "$out"
@@ -46,4 +47,15 @@ rc=${PIPESTATUS[0]}
 kill $smi 2>/dev/null
 for f in /tmp/results/records/*/*.json; do cp "$f" "$out/record-$(basename "$(dirname "$f")").json"; done
 echo "venv $(python3 -c "print(round($t1 - $t0, 1))") s; probe exit $rc; peak nvidia-smi memory.used MiB: $(cut -d, -f2 "$out/gpumem.csv" | sort -n | tail -1)"
+if [ "${ROW_COMPARE:-}" = 1 ]; then
+  # Side by side in this session (bench only, not recorded): the same row in a venv left
+  # uncompiled (--no-compile), probed; then the compiled venv probed a second time (warm caches).
+  python3 -m envbuild venv "$@" --wheelhouse "$wh" --out /tmp/row-venv-nc --host-packages --no-compile --json \
+    > "$out/venv-nc.json" 2>/dev/null
+  for what in nc:/tmp/row-venv-nc again:$venv; do
+    python3 -m envbuild probe --here --python-exe "${what#*:}/bin/python" --level gpu \
+      --output "$out/verdict-${what%%:*}.json" > "$out/probe-${what%%:*}.log" 2>&1
+    echo "compare ${what%%:*}: exit $?"
+  done
+fi
 exit "$rc"
