@@ -59,11 +59,12 @@ def _image(eng, run: str, layers: int = 2) -> str:
         info.size = len(data)
         t.addfile(info, io.BytesIO(data))
     local = f"envbuild-test/push:{run}"
-    p = subprocess.run([eng.client, "import", "-", local], input=buf.getvalue(), capture_output=True)
+    tags = [f"{local}-{i}" for i in range(layers - 1)] + [local]  # each layer its own tag: no dangling image
+    p = subprocess.run([eng.client, "import", "-", tags[0]], input=buf.getvalue(), capture_output=True)
     assert p.returncode == 0, p.stderr
-    for _ in range(1, layers):
-        _add_layer(eng, local, local)
-    return local
+    for src, dst in zip(tags, tags[1:]):
+        _add_layer(eng, src, dst)
+    return tags
 
 
 def _add_layer(eng, src: str, dst: str) -> None:
@@ -91,7 +92,7 @@ def test_streaming_push_sends_what_is_missing_and_pulls_back():
     its layers equal the daemon's."""
     eng = D.detect()
     run = uuid.uuid4().hex[:8]
-    local = _image(eng, run)
+    *below, local = _image(eng, run)
     diff_ids = eng.layers(local)
     assert len(diff_ids) == 2
     ref, ref2, other = (f"{REGISTRY}/envbuild-test/push-{run}:a", f"{REGISTRY}/envbuild-test/push-{run}:b",
@@ -123,11 +124,11 @@ def test_streaming_push_sends_what_is_missing_and_pulls_back():
         assert 0 < grown.sent_bytes < rep.sent_bytes
         eng.remove(top, force=True)
 
-        eng.remove(ref, ref2, other, local, force=True)
+        eng.remove(ref, ref2, other, local, *below, force=True)
         subprocess.run([eng.client, "pull", "-q", ref], check=True, capture_output=True)
         assert eng.layers(ref) == diff_ids
     finally:
-        eng.remove(local, ref, ref2, other, force=True)
+        eng.remove(local, *below, ref, ref2, other, f"{REGISTRY}/envbuild-test/push-{run}:c", force=True)
 
 
 @pytest.mark.docker
@@ -137,7 +138,7 @@ def test_zstd_and_gzip_layers():
         pytest.skip("the zstd program is not installed (apt-get install zstd)")
     eng = D.detect()
     run = uuid.uuid4().hex[:8]
-    local = _image(eng, run, layers=1)
+    (local,) = _image(eng, run, layers=1)
     refs = {c: f"{REGISTRY}/envbuild-test/compression-{c}:{run}" for c in ("gzip", "zstd")}
     try:
         for comp, ref in refs.items():
