@@ -131,7 +131,8 @@ def main(argv=None) -> int:
     for r in iter_records(clone / "results"):
         records.append({"combo": r.combo["id"], "status": r.status, "stage": r.stage, "timings": r.timings,
                         "image_bytes": (r.image or {}).get("size"), "digest": (r.image or {}).get("digest"),
-                        "probe": {lv: {"status": v.get("status"), "wall_s": (v.get("runner") or {}).get("wall_seconds")}
+                        "push": (r.image or {}).get("push"),
+                        "probe": {lv: {"status": v.status, "wall_s": v.runner.get("wall_seconds")}
                                   for lv, v in r.probe.items()}})
     picked = next((ln.strip() for ln in reversed(lines) if re.search(r"@sha256:[0-9a-f]{64}$", ln.strip())), None)
     out = {"measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count(),

@@ -135,7 +135,7 @@ def add_arguments(p) -> None:
 
 CONFIRM_ABOVE = 3  # combinations one `build` starts without --yes (or a yes on a terminal)
 # What one image costs, cold, from bench/quickstart.json and bench/build_speed.json (8.6 GB
-# uncompressed, 6-8 min on a quiet 2-core machine); combinations sharing torch cost far less.
+# uncompressed, 6 min on a quiet 2-core machine, 13 under load); combinations sharing torch cost far less.
 IMAGE_GB, IMAGE_MIN = 8.6, 8
 
 
