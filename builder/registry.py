@@ -242,7 +242,10 @@ class Registry:
         """Link a blob that repository `source` of this registry holds into `name` without
         uploading it (a cross-repository mount). False where the registry declines; an upload
         session it opened instead is cancelled."""
-        r = self.request("POST", name, f"blobs/uploads/?mount={digest}&from={source}")
+        try:
+            r = self.request("POST", name, f"blobs/uploads/?mount={digest}&from={source}")
+        except InfraError:  # a token scoped to `name` alone may be refused the source: upload instead
+            return False
         if r.status_code == 201:
             return True
         loc = r.headers.get("Location")
