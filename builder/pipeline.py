@@ -37,6 +37,7 @@ from typing import Callable
 
 from .buildlog import StepTracker, classify, failure_detail
 from .errors import EnvbuildError, InfraError
+from .fsutil import write_atomic
 from .image import build_labels
 from .index import torch_index_url
 from .outcome import Verdict, lock_record_status, record_status
@@ -209,6 +210,14 @@ class Builder:
             if self.stop.is_set() and status != "ok":
                 self.progress.update(cid, "interrupted")
                 return None
+            if stage in ("lock", "render") and status != "ok" and detail:
+                # The summary points every failure at logs/: one before the build has no BuildKit
+                # log, so its own message is the log (a lock's is uv's whole answer).
+                try:
+                    write_atomic(log_path, f"{stage}: {status}: {cause}\n{detail.rstrip()}\n")
+                    rec.log = logrel
+                except EnvbuildError:
+                    pass  # an unwritable log never hides the verdict
             rec.stage, rec.status, rec.cause, rec.detail, rec.timings = stage, status, cause, detail, timings
             write_record(o.results, rec)
             self.progress.update(cid, status if status != "ok" else ("reused" if (rec.image or {}).get("reused") else "ok"),

@@ -260,6 +260,10 @@ def test_lock_verdicts_stop_at_the_lock_stage(tmp_path, status, rec_status):
     (r,), _ = PL.run_all(b, [combo()], 1)
     assert (r.stage, r.status, r.cause) == ("lock", rec_status, status)
     assert eng.builds == []
+    # the summary's "logs:" holds this failure too: the lock's own answer, named by the record
+    assert r.log == f"logs/{r.combo['id']}.log"
+    text = (tmp_path / "results" / r.log).read_text()
+    assert text.startswith(f"lock: {rec_status}: {status}\n") and r.detail.strip() in text
 
 
 def test_lock_exception_and_internal_bug_are_recorded_not_fatal(tmp_path):
