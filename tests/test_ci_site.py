@@ -38,8 +38,8 @@ def stamp(epoch):
 pytestmark = pytest.mark.skipif(not shutil.which("curl"), reason="the scripts fetch with curl")
 
 
-def _steps(job):
-    wf = yaml.safe_load(WORKFLOW.read_text())
+def _steps(job, workflow=WORKFLOW):
+    wf = yaml.safe_load(Path(workflow).read_text())
     return {s["id"]: s for s in wf["jobs"][job]["steps"] if "id" in s}
 
 
@@ -63,8 +63,10 @@ class Pages:
         shutil.copytree(site, self.root)
 
 
-def night(work: Path, pages: Pages, key_pem: str, records, epoch: int, keep: int = 60, expect_fail=None):
-    """One publish job in `work` (fresh), tonight's records in place of the artifact download."""
+def night(work: Path, pages: Pages, key_pem: str, records, epoch: int, keep: int = 60, expect_fail=None,
+          workflow=WORKFLOW, env_more=None):
+    """One publish job of `workflow` in `work` (fresh), tonight's records in place of the artifact
+    download."""
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
@@ -72,8 +74,8 @@ def night(work: Path, pages: Pages, key_pem: str, records, epoch: int, keep: int
     out, summary = work / "github_output", work / "summary.md"
     env = {**os.environ, "TABLE_URL": pages.url, "RUNNER_TEMP": str(work / "rt"), "GITHUB_OUTPUT": str(out),
            "GITHUB_STEP_SUMMARY": str(summary), "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1",
-           "SOURCE_DATE_EPOCH": str(epoch), "ENVBUILD_STATE": str(work.parent / "state")}
-    steps = _steps("publish")
+           "SOURCE_DATE_EPOCH": str(epoch), "ENVBUILD_STATE": str(work.parent / "state"), **(env_more or {})}
+    steps = _steps("publish", workflow)
 
     def run(step_id, **more):
         p = subprocess.run(["bash", "-c", steps[step_id]["run"]], cwd=work, env={**env, **more},
@@ -164,6 +166,82 @@ def test_three_nights_of_publishing(tmp_path, run_cli):
         pages.serve(forged)
         p, w4 = night(tmp_path / "n4", pages, key_pem, [], epoch=NIGHTS[3], expect_fail="diff")
         assert p.returncode == 2 and "tampered" in p.stderr and not (w4 / "site").exists()
+    finally:
+        pages.srv.shutdown()
+        pages.srv.server_close()
+
+
+def test_a_team_repository_runs_its_generated_nightly(tmp_path, run_cli):
+    """Issue 28, proof outside a fork: `envbuild ci github` in a repository that holds a matrix and
+    nothing else; then the generated workflow's own `run:` steps, in job order, with GitHub's
+    variables set: envbuild installed by the install step from a spec (the checkout here, as a
+    team's vars.ENVBUILD_INSTALL names a commit) into a fresh venv that every later step uses; the
+    plan job's repository default; the publish job onto a local Pages (sign, last, diff, site), twice;
+    notify against the fake issues API. The published site verifies with the team's key."""
+    import venv
+
+    repo = tmp_path / "team"
+    (repo / "matrix").mkdir(parents=True)
+    shutil.copy(ROOT / "matrix" / "verl.yaml", repo / "matrix" / "verl.yaml")
+    p = run_cli("ci", "github", "--gpu-runners", "none", cwd=repo)
+    assert p.returncode == 0, p.stderr
+    wf_path = repo / ".github" / "workflows" / "envbuild-nightly.yml"
+    wf = yaml.safe_load(wf_path.read_text())
+    scripts = "\n".join(s.get("run", "") for j in wf["jobs"].values() for s in j.get("steps", []))
+    assert "pip install ." not in scripts and "probe" not in wf["jobs"]
+
+    # The install step, as the runner runs it: `python` is the job's interpreter (a fresh venv).
+    py_env = tmp_path / "runner-python"
+    venv.create(py_env, with_pip=True)
+    bindir = py_env / "bin"
+    gh_env = {"PATH": f"{bindir}:{os.environ['PATH']}", "VIRTUAL_ENV": str(py_env),
+              "GITHUB_REPOSITORY": "Team-Org/rl-stack", "GITHUB_REPOSITORY_OWNER": "Team-Org",
+              "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    install = next(s for s in wf["jobs"]["plan"]["steps"] if s.get("name") == "Install envbuild")
+    q = subprocess.run(["bash", "-c", install["run"]], cwd=repo, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, **gh_env, "ENVBUILD_INSTALL": str(ROOT)})
+    assert q.returncode == 0, q.stderr[-2000:]
+    assert (bindir / "envbuild").exists()
+
+    # plan: the repository default when vars.ENVBUILD_REPOSITORY is unset (lower case: GHCR's rule)
+    (tmp_path / "plan").mkdir()
+    out = tmp_path / "plan" / "github_output"
+    step = next(s for s in wf["jobs"]["plan"]["steps"] if s.get("id") == "repository")
+    q = subprocess.run(["bash", "-c", step["run"]], cwd=repo, capture_output=True, text=True, timeout=60,
+                       env={**os.environ, **gh_env, "ENVBUILD_REPOSITORY": "", "GITHUB_OUTPUT": str(out),
+                            "GITHUB_STEP_SUMMARY": str(tmp_path / "plan" / "summary.md")})
+    assert q.returncode == 0 and out.read_text() == "repository=ghcr.io/team-org/rl-stack\n", q.stderr
+
+    # publish, two nights, with the team's own key; the runner's envbuild does the work
+    keys = tmp_path / "team-keys"
+    priv, pub, _ = write_keypair(keys)
+    key_pem = Path(priv).read_text()
+    pages = Pages(tmp_path / "pages")
+    try:
+        run_env = {"PATH": gh_env["PATH"], "VIRTUAL_ENV": str(py_env)}
+        _, w1 = night(tmp_path / "n1", pages, key_pem, [rec(A, passed("env", "contract"), img=image(A), run=1)],
+                      epoch=NIGHTS[1], workflow=wf_path, env_more=run_env)
+        pages.serve(w1 / "site")
+        broken = rec(A, {"env": verdict("pass"), "contract": verdict("fail", "import-error", "No module named x")},
+                     img=image(A, build=1), status="fail", run=11)
+        p, w2 = night(tmp_path / "n2", pages, key_pem, [broken], epoch=NIGHTS[2], workflow=wf_path, env_more=run_env)
+        assert "1 regression(s)" in (w2 / "summary.md").read_text()
+        env2 = json.loads((w2 / "site" / "compat.json.dsse").read_text())
+        payload, _ = verify_envelope(env2, load_public_key(pub), "compat.json.dsse")
+        assert payload == (w2 / "site" / "compat.json").read_bytes()
+        assert {r["id"]: r["status"] for r in json.loads(payload)["rows"]} == {A["id"]: "broken"}
+
+        gh = FakeGitHub()
+        try:
+            step = _steps("notify", wf_path)["notify"]
+            q = subprocess.run(["bash", "-c", step["run"]], cwd=w2, capture_output=True, text=True, timeout=120,
+                               env={**os.environ, **run_env, "ENVBUILD_STATE": str(tmp_path / "state-notify"),
+                                    "GITHUB_API_URL": gh.url, "GITHUB_REPOSITORY": REPO, "TABLE_URL": pages.url,
+                                    "GITHUB_TOKEN": TOKEN})
+            assert q.returncode == 1 and "regressed" in q.stderr, q.stdout + q.stderr
+            assert [i["title"] for i in gh.issues.values()] == [f"envbuild: {A['id']} broken at contract (import-error)"]
+        finally:
+            gh.close()
     finally:
         pages.srv.shutdown()
         pages.srv.server_close()
