@@ -12,7 +12,7 @@ from .errors import UsageError
 
 # name -> (module, one-line help). One table; order is the order shown in --help.
 ACTIONS: dict[str, tuple[str, str]] = {
-    "github": ("envbuild.workflow", "write the GitHub Actions nightly (.github/workflows/envbuild-nightly.yml) "
+    "github": ("envbuild.ci_github", "write the GitHub Actions nightly (.github/workflows/envbuild-nightly.yml) "
                                     "and actionlint's config"),
     "bake": ("envbuild.bake", "write docker-bake.json for the plan"),
     "matrix": ("envbuild.ci_matrix", "print the plan as {\"include\": [...]} for strategy.matrix"),

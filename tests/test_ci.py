@@ -97,15 +97,35 @@ def test_workflow_shape_and_runner_labels(run_cli, tmp_path):
     m = load_matrix(default_matrix())
     assert on["workflow_dispatch"]["inputs"]["verl"]["options"] == ["all", *m.verl]  # from the matrix
     jobs = wf["jobs"]
-    assert list(jobs) == ["plan", "build", "probe", "publish", "deploy", "notify"]
+    assert list(jobs) == ["plan", "build", "probe", "publish", "deploy", "notify",
+                          "publish-gpu", "deploy-gpu", "notify-gpu"]
     # Least privilege: nothing by default; each job names what it needs.
     assert wf["permissions"] == {} and wf["concurrency"]["group"]
     perms = {j: jobs[j]["permissions"] for j in jobs}
+    first = {"publish": {"contents": "read", "packages": "write"},  # attestations onto the digests
+             "deploy": {"pages": "write", "id-token": "write"},
+             "notify": {"contents": "read", "issues": "write"}}
     assert perms == {"plan": {"contents": "read"}, "build": {"contents": "read", "packages": "write"},
                      "probe": {"contents": "read", "packages": "read"},
-                     "publish": {"contents": "read", "packages": "write"},  # attestations onto the digests
-                     "deploy": {"pages": "write", "id-token": "write"},
-                     "notify": {"contents": "read", "issues": "write"}}
+                     **first, **{f"{j}-gpu": v for j, v in first.items()}}
+    # Issue 28: no publish waits on the GPU queue. The first publish needs only the builds (which
+    # probe env and contract on their CPU); the second one follows the probes and tonight's
+    # deployed first site; a scheduled night cancels one still waiting for GPU runners.
+    assert jobs["publish"]["needs"] == ["plan", "build"] and "--probe cpu" in \
+        "\n".join(s.get("run", "") for s in jobs["build"]["steps"])
+    assert jobs["probe"]["needs"] == ["plan", "build"] and jobs["probe"]["timeout-minutes"]
+    assert jobs["publish-gpu"]["needs"] == ["plan", "probe", "deploy"]
+    assert jobs["publish-gpu"]["if"].startswith("!cancelled()")  # a cancelled night publishes nothing more
+    assert (jobs["deploy-gpu"]["needs"], jobs["notify-gpu"]["needs"]) == ("publish-gpu", "publish-gpu")
+    assert wf["concurrency"]["cancel-in-progress"] == "${{ github.event_name == 'schedule' }}"
+    # one artifact name per run: the second publish uploads (and its jobs read) names of its own
+    uploads = [s["with"].get("name", "github-pages") for j in jobs.values() for s in j["steps"]  # the action's default
+               if s.get("uses", "").startswith(("actions/upload-artifact@", "actions/upload-pages-artifact@"))]
+    once = [n for n in uploads if "matrix.id" not in n]  # per-row names are unique by the row
+    assert len(once) == len(set(once)) == 6, uploads
+    assert jobs["deploy-gpu"]["steps"][0]["with"]["artifact_name"] == "github-pages-gpu"
+    assert [s["with"]["name"] for s in jobs["notify-gpu"]["steps"] if s.get("uses", "").startswith(
+        "actions/download-artifact@")] == ["envbuild-tables-gpu"]
     assert any(s.get("uses", "").startswith("actions/deploy-pages@") for s in jobs["deploy"]["steps"])
     pub = {s.get("id"): s for s in jobs["publish"]["steps"]}
     ids = [s.get("id") for s in jobs["publish"]["steps"] if s.get("id")]
@@ -117,7 +137,7 @@ def test_workflow_shape_and_runner_labels(run_cli, tmp_path):
     # ... decided once by the plan job (GHCR under this repository unless the variable says), read by every job
     assert 'repo="${ENVBUILD_REPOSITORY:-ghcr.io/${GITHUB_REPOSITORY,,}}"' in \
         next(s for s in jobs["plan"]["steps"] if s.get("id") == "repository")["run"]
-    for j in ("build", "probe", "publish"):
+    for j in ("build", "probe", "publish", "publish-gpu"):
         assert jobs[j]["env"]["ENVBUILD_REPOSITORY"] == "${{ needs.plan.outputs.repository }}", j
     install = next(s for s in jobs["plan"]["steps"] if s.get("name") == "Install envbuild")
     assert install["run"] == 'python -m pip install "$ENVBUILD_INSTALL"'
