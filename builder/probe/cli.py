@@ -9,6 +9,7 @@ import sys
 import time
 import traceback
 
+from . import sidebyside
 from .verdict import ERROR, FAIL, Verdict, write_json
 from .vocab import ENGINES, EXIT_INFRA, EXIT_OF_STATUS, LEVELS
 
@@ -28,6 +29,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "level ends (one process judges every level; the caller reads them as they appear)")
     p.add_argument("--stop-at-failure", action="store_true",
                    help="run no level above one that fails or errs (the levels above build on it)")
+    p.add_argument("--side-by-side", choices=("auto", "yes", "no"),
+                   default=os.environ.get("ENVBUILD_PROBE_SIDE_BY_SIDE", "no"),
+                   help="with --level gpu: judge the contract level in a process of its own while the gpu level "
+                        "runs (auto: on a GPU node, one rank; default from ENVBUILD_PROBE_SIDE_BY_SIDE, else no: "
+                        "for the hf engine it gained nothing on the H200, bench/probe_ab_h200.json); the verdict "
+                        "is the same either way")
+    p.add_argument("--only", choices=LEVELS, help=argparse.SUPPRESS)  # that level alone (the side-by-side child)
     g = p.add_argument_group("gpu level")
     g.add_argument("--engine-dtype", choices=("bfloat16", "float32"), default="bfloat16")
     g.add_argument("--prompts", type=int, default=4)
@@ -55,29 +63,53 @@ def run(args: argparse.Namespace) -> Verdict:
     if "gpu" in upto:
         from . import engines, extcheck, tiny_model, train  # noqa: F401  (imported lazily by the levels)
         from .gpu_level import GpuOptions, run_gpu
-        _warm_cuda()
-    steps = {"env": lambda: run_env(v, expect, args.engine)}
+        _warm_cuda(args.engine_dtype)
+    steps = {"env": lambda t: run_env(t, expect, args.engine)}
     if "contract" in upto:
-        steps["contract"] = lambda: run_contract(v, expect, args.engine)
+        steps["contract"] = lambda t: run_contract(t, expect, args.engine)
     if "gpu" in upto:
         opt = GpuOptions(prompts=args.prompts, n=args.n, max_tokens=args.max_tokens,
                          engine_dtype=args.engine_dtype, tol_max=args.tol_max, tol_mean=args.tol_mean,
                          seed=args.seed, scratch=args.scratch)
-        steps["gpu"] = lambda: run_gpu(v, expect, args.engine, opt)
-    for lv in upto:
-        broke = False
-        try:
-            with v.timed(lv), v.at_level(lv):
-                steps[lv]()
-        except Exception:  # a bug in the probe is "error", never a verdict on the stack
-            v.add("probe", ERROR, traceback.format_exc()[-2000:], "probe-error")
-            broke = True
-        if args.levels_dir and int(os.environ.get("RANK", "0")) == 0:
-            # A level includes those below it, so the verdict so far is this level's verdict.
-            write_json(os.path.join(args.levels_dir, f"{lv}.json"), v.to_dict(level=lv))
-        if broke or (args.stop_at_failure and v.status in (FAIL, ERROR)):
-            break
+        steps["gpu"] = lambda t: run_gpu(t, expect, args.engine, opt)
+    child = None
+    if "gpu" in upto and not args.only and sidebyside.wanted(args.side_by_side):
+        child = sidebyside.ContractChild(args.engine, expect)  # its imports start now, on another core
+    try:
+        for lv in upto:
+            if args.only and lv != args.only:
+                continue
+            if child is not None and lv == "contract":
+                child.fold_when_done(v, args.levels_dir)
+                continue
+            # Beside a running contract level the gpu level writes into a verdict of its own.
+            target = Verdict(level=lv, engine=args.engine, expect=expect) if child is not None and lv == "gpu" else v
+            broke = _level(target, lv, steps[lv])
+            if child is not None and lv == "gpu":
+                child.join(v)
+                if args.stop_at_failure and v.status in (FAIL, ERROR):
+                    break  # the contract level failed: the gpu level above it is not this verdict's
+                v.absorb(target.to_dict())
+            if args.levels_dir and int(os.environ.get("RANK", "0")) == 0:
+                # A level includes those below it, so the verdict so far is this level's verdict.
+                write_json(os.path.join(args.levels_dir, f"{lv}.json"), v.to_dict(level=lv))
+            if broke or (args.stop_at_failure and v.status in (FAIL, ERROR)):
+                break
+    finally:
+        if child is not None:
+            child.stop()
     return v
+
+
+def _level(v: Verdict, lv: str, step) -> bool:
+    """Run one level into v; True when the probe itself broke (then no level above runs)."""
+    try:
+        with v.timed(lv), v.at_level(lv):
+            step(v)
+    except Exception:  # a bug in the probe is "error", never a verdict on the stack
+        v.add("probe", ERROR, traceback.format_exc()[-2000:], "probe-error")
+        return True
+    return False
 
 
 # Offline and quiet: the probe must never reach a hub, and progress bars only clutter the logs.
@@ -85,18 +117,30 @@ QUIET_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE
              "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false", "TQDM_DISABLE": "1"}
 
 
-def _warm_cuda() -> None:
-    """Create the CUDA context and load cuBLAS in a thread while the levels below import their
-    modules: context creation is seconds of the gpu level's wall time, and needs no Python."""
+def _warm_cuda(dtype: str) -> None:
+    """Create the CUDA context and load the kernels of the gpu level's first steps in a thread while
+    the levels below import their modules: context creation, cuBLAS's handles and the attention
+    kernels' first launch are seconds of the gpu level's wall time on a fresh node (the hf rollout's
+    first SDPA call alone took 0.65 s on the H200, bench/probe_ab_h200.json), and torch
+    releases the GIL while it waits on them."""
     import threading
 
     def warm():
         try:
             import torch
-            if torch.cuda.is_available():
-                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))  # this thread only
-                x = torch.ones(64, 64, device="cuda")
-                (x @ x).sum().item()
+            if not torch.cuda.is_available():
+                return
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))  # this thread only
+            x = torch.ones(64, 64, device="cuda")
+            (x @ x).sum().item()
+            # The tiny model's shapes in the engine's dtype (tiny_model.py: head_dim 64): a bf16
+            # GEMM, causal attention, the sampler's softmax and draw.
+            dt = getattr(torch, dtype)
+            w = torch.randn(128, 128, device="cuda", dtype=dt)
+            q = torch.randn(1, 2, 8, 64, device="cuda", dtype=dt)
+            torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+            torch.multinomial(torch.softmax((w @ w).float(), -1), 1)
+            torch.cuda.synchronize()
         except BaseException:
             pass  # the gpu level reports whatever is wrong with CUDA
 

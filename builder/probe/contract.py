@@ -374,14 +374,11 @@ class Background:
         return b
 
     def _spawn(self, job: str) -> None:
-        pkg = __package__ or "envbuild.probe"
-        parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        if "." in pkg:  # envbuild.probe: the folder holding `envbuild`
-            parent = os.path.dirname(parent)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (parent, os.environ.get("PYTHONPATH")) if p)}
+        from .spawn import child_env, package
         try:
-            proc = subprocess.Popen([sys.executable, "-m", f"{pkg}.worker", job, self.engine, os.pathsep.join(sys.path)],
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd="/")
+            proc = subprocess.Popen([sys.executable, "-m", f"{package()}.worker", job, self.engine,
+                                     os.pathsep.join(sys.path)],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(), cwd="/")
         except OSError:
             return
         self.procs[job] = (proc, time.perf_counter())

@@ -77,6 +77,27 @@ class Verdict:
         finally:
             self.timings[stage] = round(time.perf_counter() - t0, 4)
 
+    def absorb(self, d: dict, prefix: str = "") -> None:
+        """Fold in a level judged elsewhere (a child process, a verdict of its own) as written by
+        to_dict: its checks after these, its numbers where this verdict has none (`process` and
+        `total` under `prefix`)."""
+        self.checks += [Check(**c) for c in d.get("checks", [])]
+        for k, val in d.get("timings", {}).items():
+            if k in ("process", "total"):
+                if prefix:
+                    self.timings[f"{prefix}_{k}"] = val
+            else:
+                self.timings.setdefault(k, val)
+        for mine, theirs in ((self.versions, d.get("versions")), (self.metrics, d.get("metrics")),
+                             (self.hardware, d.get("hardware")), (self.gpu, d.get("gpu"))):
+            for k, val in (theirs or {}).items():
+                mine.setdefault(k, val)
+        if d.get("peak_gpu_mem") is not None:
+            self.peak_gpu_mem = max(self.peak_gpu_mem or 0, d["peak_gpu_mem"])
+        for c in d.get("caveats", []):
+            if c not in self.caveats:
+                self.caveats.append(c)
+
     @property
     def status(self) -> str:
         return overall_status([c.status for c in self.checks])

@@ -1,0 +1,85 @@
+"""The contract level in a process of its own, beside the gpu level.
+
+The two import different things (contract: verl and every engine-facing module; gpu: the engine,
+the tiny model, CUDA) and judge different things, so on a GPU node they need not wait for each
+other: the child judges the contract level while this process starts the engine and trains. The
+verdict is the one the levels give one after another: the contract level's checks come between
+env's and gpu's, its level file is written as soon as the child ends (before gpu's), and with
+--stop-at-failure a failed contract level drops the gpu level's checks, as if it had never run.
+Asked for with --side-by-side (off by default: for the hf engine on the H200 the gpu level then
+imports transformers itself, which was most of the contract level's time, bench/probe_ab_h200.json).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from .spawn import child_env, package
+from .verdict import ERROR, Verdict, write_json
+
+EXPECT_FLAGS = {"cuda": "--expect-cuda", "torch": "--expect-torch", "engine_version": "--expect-engine-version",
+                "verl": "--expect-verl", "platform": "--expect-platform"}
+
+
+def wanted(choice: str) -> bool:
+    """auto: on a GPU node (a device node present), one rank. Off a GPU node the gpu level is the
+    CPU rehearsal of tests, and a second torch import would only take the other core."""
+    if choice != "auto":
+        return choice == "yes"
+    if int(os.environ.get("WORLD_SIZE", "1")) != 1:
+        return False  # every rank would judge the contract level again
+    return bool(glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/kfd"))
+
+
+class ContractChild:
+    def __init__(self, engine: str, expect: dict):
+        self.tmp = tempfile.mkdtemp(prefix="envbuild-contract-")
+        self.out = os.path.join(self.tmp, "contract.json")
+        cmd = [sys.executable, "-m", package(), "--level", "contract", "--only", "contract", "--engine", engine,
+               "--json", self.out]
+        for k, val in expect.items():
+            cmd += [EXPECT_FLAGS[k], val]
+        # Its own session would outlive a killed probe; in this one, a timeout's kill takes it too.
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                     env=child_env(), cwd="/")
+        self.thread: threading.Thread | None = None
+
+    def fold_when_done(self, v: Verdict, levels_dir: str | None) -> None:
+        """In a thread: wait for the child, fold its checks into v, write the contract level's file.
+        v is not touched elsewhere until join() (the gpu level writes into a verdict of its own)."""
+        def wait():
+            _out, err = self.proc.communicate()
+            try:
+                with open(self.out) as f:
+                    d = json.load(f)
+            except (OSError, ValueError):
+                with v.at_level("contract"):
+                    v.add("contract-process", ERROR, f"the contract level's process ended with exit "
+                          f"{self.proc.returncode} and no verdict: {(err or '').strip()[-1500:]}", "probe-error")
+            else:
+                v.absorb(d, prefix="contract")
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            if levels_dir and int(os.environ.get("RANK", "0")) == 0:
+                write_json(os.path.join(levels_dir, "contract.json"), v.to_dict(level="contract"))
+
+        self.thread = threading.Thread(target=wait, name="probe-contract-level", daemon=True)
+        self.thread.start()
+
+    def join(self, v: Verdict) -> None:
+        t0 = time.perf_counter()
+        if self.thread is not None:
+            self.thread.join()
+        v.timings["contract_wait"] = round(time.perf_counter() - t0, 4)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
