@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .errors import InputError
 from .outcome import unwritten
-from .probe.vocab import ENGINES, FAIL, LEVELS, TIMEOUT
+from .probe.vocab import ENGINES, EXPECT_KEYS, FAIL, LEVELS, TIMEOUT, expect_argv
 
 IMAGE_PROBE_PARENT = "/opt/envbuild"
 PROBE_MODULE = "envbuild_probe"
@@ -34,7 +34,6 @@ PROBE_SRC = Path(__file__).resolve().parent / "probe"
 
 # Seconds per level: imports of a big stack take a minute on a slow disk; an engine start takes more.
 DEFAULT_TIMEOUT = {"env": 300.0, "contract": 600.0, "gpu": 900.0}
-EXPECT_KEYS = ("cuda", "torch", "engine_version", "verl", "platform")
 EXIT_GRACE = 60.0  # seconds a probe whose levels all ended has to exit
 STOP = (FAIL, TIMEOUT, "error")  # a level with this status ends the run: later levels build on it
 
@@ -59,11 +58,7 @@ def probe_args(level: str, engine: str, expect: dict) -> list[str]:
     unknown = set(expect) - set(EXPECT_KEYS)
     if unknown:
         raise InputError("command line", None, "expect", sorted(unknown), f"unknown key(s); known: {', '.join(EXPECT_KEYS)}")
-    args = ["--level", level, "--engine", engine]
-    for k in EXPECT_KEYS:
-        if expect.get(k):
-            args += [f"--expect-{k.replace('_', '-')}", str(expect[k])]
-    return args
+    return ["--level", level, "--engine", engine, *expect_argv(expect)]
 
 
 # ---------------------------------------------------------------- launchers

@@ -14,6 +14,7 @@ import time
 import pytest
 from test_probe_timeout import HANG, _gone
 
+from envbuild.probe.vocab import LEVELS
 from envbuild.probe_exec import probe_here
 
 pytest.importorskip("torch")
@@ -50,7 +51,7 @@ def test_side_by_side_gives_the_verdict_of_levels_in_a_row(tmp_path):
     two, lv_two = _probe(tmp_path, "yes")
     assert one["status"] == two["status"] == "pass"
     assert _checks(one) == _checks(two) and len(_checks(two)) > 20
-    assert [c[2] for c in _checks(two)] == sorted((c[2] for c in _checks(two)), key=["env", "contract", "gpu"].index)
+    assert [c[2] for c in _checks(two)] == sorted((c[2] for c in _checks(two)), key=LEVELS.index)
     assert sorted(lv_one) == sorted(lv_two) == ["contract", "env", "gpu"]
     for lv in lv_one:
         assert _checks(lv_one[lv]) == _checks(lv_two[lv]) and lv_two[lv]["level"] == lv

@@ -11,7 +11,7 @@ import traceback
 
 from . import sidebyside
 from .verdict import ERROR, FAIL, Verdict, write_json
-from .vocab import ENGINES, EXIT_INFRA, EXIT_OF_STATUS, LEVELS
+from .vocab import ENGINES, EXIT_INFRA, EXIT_OF_STATUS, EXPECT_KEYS, LEVELS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,9 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> Verdict:
-    expect = {k: val for k, val in (("cuda", args.expect_cuda), ("torch", args.expect_torch),
-                                    ("engine_version", args.expect_engine_version), ("verl", args.expect_verl),
-                                    ("platform", args.expect_platform)) if val}
+    expect = {k: getattr(args, f"expect_{k}") for k in EXPECT_KEYS if getattr(args, f"expect_{k}")}
     v = Verdict(level=args.level, engine=args.engine, expect=expect)
     upto = LEVELS[:LEVELS.index(args.level) + 1]
     # The probe's own modules are imported before the CUDA warm-up thread starts importing torch:

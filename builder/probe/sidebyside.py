@@ -24,10 +24,7 @@ import time
 
 from .spawn import child_env, package
 from .verdict import ERROR, Verdict, write_json
-
-EXPECT_FLAGS = {"cuda": "--expect-cuda", "torch": "--expect-torch", "engine_version": "--expect-engine-version",
-                "verl": "--expect-verl", "platform": "--expect-platform"}
-
+from .vocab import expect_argv
 
 def wanted(choice: str) -> bool:
     """auto: on a GPU node (a device node present), one rank. Off a GPU node the gpu level is the
@@ -44,9 +41,7 @@ class ContractChild:
         self.tmp = tempfile.mkdtemp(prefix="envbuild-contract-")
         self.out = os.path.join(self.tmp, "contract.json")
         cmd = [sys.executable, "-m", package(), "--level", "contract", "--only", "contract", "--engine", engine,
-               "--json", self.out]
-        for k, val in expect.items():
-            cmd += [EXPECT_FLAGS[k], val]
+               "--json", self.out, *expect_argv(expect)]
         # Its own session would outlive a killed probe; in this one, a timeout's kill takes it too.
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                      env=child_env(), cwd="/")

@@ -16,6 +16,14 @@ from dataclasses import dataclass
 
 LEVELS = ("env", "contract", "gpu")  # each level includes the levels before it
 
+# What the caller expects of the environment: --expect-<key> on the probe's command line, one key
+# per axis the probe can check (the host's launchers and the probe's own children spell it so).
+EXPECT_KEYS = ("cuda", "torch", "engine_version", "verl", "platform")
+
+
+def expect_argv(expect: dict) -> list[str]:
+    return [a for k in EXPECT_KEYS if expect.get(k) for a in (f"--expect-{k.replace('_', '-')}", str(expect[k]))]
+
 # A check's status. needs-gpu / not-applicable / skipped are not failures: a CPU host cannot run
 # the first, the second belongs to an engine or backend the combination does not include.
 PASS, FAIL, NEEDS_GPU, NOT_APPLICABLE, SKIPPED, ERROR = (
