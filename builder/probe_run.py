@@ -20,12 +20,16 @@ import hashlib
 import json
 import os
 import secrets
+import shutil
+import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import host
 from .docker import Engine
+from .errors import EnvbuildError
 from .fsutil import write_json_atomic
 from .outcome import Verdict, record_status, unwritten
 from .paths import cache_dir
@@ -36,17 +40,85 @@ from .record import Record, iter_records, latest, machine_info, write_record
 CONTAINER_PREFIX = "envbuild-probe-"  # probe containers' names (fanout removes orphans by it)
 
 
+# ---------------------------------------------------------------- kernels compiled at the gpu level
+
+# HOME is /tmp in the container: ~/.cache is where FlashInfer, vLLM, TVM-FFI and torch's C++
+# extensions keep what they compile; the caches kept elsewhere by default are pointed into it.
+JIT_MOUNT = "/tmp/.cache"
+JIT_ENV = {"TRITON_CACHE_DIR": f"{JIT_MOUNT}/triton", "TORCHINDUCTOR_CACHE_DIR": f"{JIT_MOUNT}/torchinductor",
+           "CUDA_CACHE_PATH": f"{JIT_MOUNT}/nv-compute"}
+JIT_KEEP_DAYS = 14  # an image's folder unused this long is removed when any probe opens one
+
+
+class JitCache:
+    """What an image compiles just in time at its gpu level (FlashInfer's sampling kernel: about two
+    minutes of a vLLM engine's first start on an H200), kept on this machine for the next gpu probe
+    of the same image. One folder per image content (the reference's manifest digest, else the
+    image ID), never shared between images: a kernel built against one image's torch headers is not
+    another's. The record's runner says how many files the folder held before the run.
+    ENVBUILD_PROBE_JIT_CACHE=0 turns it off."""
+
+    def __init__(self, root: Path | None = None):
+        self.root = Path(root) if root else cache_dir() / "probe-jit"
+
+    @staticmethod
+    def enabled() -> bool:
+        return os.environ.get("ENVBUILD_PROBE_JIT_CACHE", "1") != "0"
+
+    @staticmethod
+    def key(eng: Engine, image: str) -> str | None:
+        if "@sha256:" in image:
+            return image.rsplit("@sha256:", 1)[1]
+        iid = eng.image_id(image)  # None: not here yet (docker run pulls it); no cache this run
+        return iid.split(":", 1)[-1] if iid else None
+
+    def open(self, key: str) -> tuple[Path, dict]:
+        d = self.root / key[:32]
+        files = sum(1 for f in d.rglob("*") if f.is_file()) if d.is_dir() else 0
+        d.mkdir(parents=True, exist_ok=True)
+        os.chmod(d, 0o777)  # the image may run as another user
+        os.utime(d)
+        self.prune(keep=d)
+        return d, {"key": key[:32], "files_before": files}
+
+    def prune(self, keep: Path) -> None:
+        cutoff = time.time() - JIT_KEEP_DAYS * 86400
+        for d in self.root.iterdir():
+            if d != keep and d.is_dir() and d.stat().st_mtime < cutoff:
+                shutil.rmtree(d, ignore_errors=True)
+
+
+def _jit_mount(eng: Engine, image: str, levels) -> tuple[str | None, dict | None]:
+    """(host folder to mount at JIT_MOUNT, what the runner records) for a run that reaches the gpu level."""
+    if "gpu" not in levels:
+        return None, None
+    if not JitCache.enabled():
+        return None, {"off": "ENVBUILD_PROBE_JIT_CACHE=0"}
+    try:
+        key = JitCache.key(eng, image)
+    except (EnvbuildError, OSError, subprocess.SubprocessError) as e:  # docker run then says what is wrong
+        return None, {"off": f"image not inspected: {e}"}
+    if key is None:
+        return None, {"off": "image not on this machine before the run"}
+    d, info = JitCache().open(key)
+    return str(d), info
+
+
 def _image_cmd(eng: Engine, name: str, tmp: str, image: str, level: str, engine: str, expect: dict, *,
-               nproc: int, gpus: bool | None, mount_probe: bool, python: str, pull: str) -> list[str]:
-    """`docker run` of the probe in a throw-away container; its verdicts land in `tmp` (/out)."""
+               nproc: int, gpus: bool | None, mount_probe: bool, python: str, pull: str,
+               jit_dir: str | None = None) -> list[str]:
+    """`docker run` of the probe in a throw-away container; its verdicts land in `tmp` (/out); the
+    kernels it compiles in `jit_dir` (JitCache), when given."""
     mounts = [(tmp, "/out", False)] + ([(str(PROBE_SRC), IMAGE_PROBE_DIR, True)] if mount_probe else [])
+    mounts += [(jit_dir, JIT_MOUNT, False)] if jit_dir else []
     devices = host.container_device_args() if gpus is None else (["--gpus", "all"] if gpus else [])
     launcher = _launcher(python, nproc)[1:]  # the entrypoint is the python
     return eng.run_argv(image, [*launcher, *probe_args(level, engine, expect), "--json", "/out/verdict.json",
                                 "--scratch", "/tmp"],
                         name=name, entrypoint=python, mounts=mounts, read_only=True,
                         tmpfs=["/tmp:rw,exec,size=4g"], shm_size="2g", workdir="/tmp",
-                        env={"HOME": "/tmp", "PYTHONPATH": IMAGE_PROBE_PARENT, "PYTHONDONTWRITEBYTECODE": "1"},
+                        env={"HOME": "/tmp", "PYTHONPATH": IMAGE_PROBE_PARENT, "PYTHONDONTWRITEBYTECODE": "1",
+                             **(JIT_ENV if jit_dir else {})},
                         devices=devices, platform=expect.get("platform"), pull=pull,
                         # The probe needs no network (its model is built offline; loopback stays):
                         # any client below Python (a tokenizer's own HTTP code) fails fast there
@@ -74,13 +146,14 @@ def probe_image(image: str, *, level: str, engine: str, expect: dict, timeout: f
     name = f"{CONTAINER_PREFIX}{secrets.token_hex(5)}"
     with tempfile.TemporaryDirectory(prefix="envbuild-probe-") as tmp:
         os.chmod(tmp, 0o777)  # the image may run as another user
-        cmd = _image_cmd(eng, name, tmp, image, level, engine, expect, nproc=nproc, gpus=gpus,
-                         mount_probe=mount_probe, python=python, pull=pull)
         try:
+            jit_dir, jit = _jit_mount(eng, image, [level])
+            cmd = _image_cmd(eng, name, tmp, image, level, engine, expect, nproc=nproc, gpus=gpus,
+                             mount_probe=mount_probe, python=python, pull=pull, jit_dir=jit_dir)
             rc, out, err, wall = _run(cmd, timeout, None, lambda _p: eng.kill(name))
         except FileNotFoundError as e:
             return unwritten(level, engine, expect, "error", "no-docker", f"{eng.client}: {e}")
-        runner = {"mode": "image", "image": image, "cmd": cmd}
+        runner = {"mode": "image", "image": image, "cmd": cmd, **({"jit_cache": jit} if jit else {})}
         failed = _docker_failed(rc, out, err, (Path(tmp) / "verdict.json").exists(), level, engine, expect, runner)
         return failed or _finish(Path(tmp) / "verdict.json", rc, out, err, wall, level, engine, expect, timeout,
                                  runner)
@@ -103,14 +176,16 @@ def probe_image_levels(image: str, *, levels, engine: str, expect: dict, timeout
         ldir = Path(tmp) / "levels"
         ldir.mkdir()
         os.chmod(ldir, 0o777)
-        cmd = _image_cmd(eng, name, tmp, image, levels[-1], engine, expect, nproc=nproc, gpus=gpus,
-                         mount_probe=True, python=python, pull=pull)
-        cmd += ["--levels-dir", "/out/levels", "--stop-at-failure"]
         try:
+            jit_dir, jit = _jit_mount(eng, image, levels)
+            cmd = _image_cmd(eng, name, tmp, image, levels[-1], engine, expect, nproc=nproc, gpus=gpus,
+                             mount_probe=True, python=python, pull=pull, jit_dir=jit_dir)
+            cmd += ["--levels-dir", "/out/levels", "--stop-at-failure"]
             rc, out, err, ends, wall = _run_levels(cmd, levels, limits, ldir, on_level, lambda _p: eng.kill(name))
         except FileNotFoundError as e:
             return {levels[0]: unwritten(levels[0], engine, expect, "error", "no-docker", f"{eng.client}: {e}")}
-        runner = {"mode": "image", "image": image, "cmd": cmd, "levels_in_run": levels}
+        runner = {"mode": "image", "image": image, "cmd": cmd, "levels_in_run": levels,
+                  **({"jit_cache": jit} if jit else {})}
         failed = _docker_failed(rc, out, err, any(ldir.iterdir()), levels[0], engine, expect, runner)
         if failed:
             return {levels[0]: failed}
