@@ -8,8 +8,10 @@ Run: pytest -m "docker and network and slow" tests/test_e2e_build.py   (~10-20 m
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import posixpath
 import re
 import shutil
 import subprocess
@@ -73,15 +75,18 @@ def host_only_certs(engine, image: str, bundle: Path) -> list[bytes]:
     return [b"".join(m.split()) for m in PEM_RE.findall(bundle.read_bytes()) if b"".join(m.split()) not in mine]
 
 
-def scan_layers(engine, image: str, needles: list[bytes]) -> dict[str, int]:
-    """Stream `docker save` and search every file of every layer (and the config) for each needle."""
-    hits = {n.decode(errors="replace")[:40]: 0 for n in needles}
+def scan_layers(engine, images: list[str], needles: list[bytes]) -> dict[str, dict[str, int]]:
+    """Stream ONE `docker save` of the images (a layer they share is written once, so read and
+    searched once) and search every file of every layer (and each config) for each needle:
+    {image: {needle[:40]: hits in that image's layers, config and the archive's own files}}."""
     longest = max(len(n) for n in needles)
-    proc = subprocess.Popen([engine.client, "save", image], stdout=subprocess.PIPE)
+    proc = subprocess.Popen([engine.client, "save", *images], stdout=subprocess.PIPE)
     outer = tarfile.open(fileobj=proc.stdout, mode="r|")
     nfiles = 0
+    found: dict[str, dict[str, int]] = {}  # archive member (a layer.tar, a config) -> hits in it
+    manifest = None
 
-    def search(f):
+    def search(f, hits):
         nonlocal nfiles
         nfiles += 1
         carry = b""
@@ -97,21 +102,43 @@ def scan_layers(engine, image: str, needles: list[bytes]) -> dict[str, int]:
                     hits[n.decode(errors="replace")[:40]] += 1
             carry = buf[-(longest * 2):]
 
+    links: dict[str, str] = {}  # a layer saved before is a symlink to its first copy
     for m in outer:
+        if m.issym():
+            links[m.name] = posixpath.normpath(posixpath.join(posixpath.dirname(m.name), m.linkname))
         if not m.isfile():
             continue
+        hits = found.setdefault(m.name, {n.decode(errors="replace")[:40]: 0 for n in needles})
         f = outer.extractfile(m)
         if m.name.endswith("layer.tar"):
             inner = tarfile.open(fileobj=f, mode="r|")
             for im in inner:
                 if im.isfile():
-                    search(inner.extractfile(im))
+                    search(inner.extractfile(im), hits)
+        elif m.name == "manifest.json":
+            raw = f.read()
+            manifest = json.loads(raw)
+            search(io.BytesIO(raw), hits)
         else:
-            search(f)  # manifest, image config (env, labels, history)
+            search(f, hits)  # image configs (env, labels, history), repositories
     proc.wait()
     assert proc.returncode == 0
-    assert nfiles > 1000, f"scanned only {nfiles} files of {image}: not a real image?"
-    return hits
+    assert nfiles > 1000, f"scanned only {nfiles} files of {images}: not real images?"
+    assert manifest is not None, "docker save wrote no manifest.json"
+    out: dict[str, dict[str, int]] = {}
+    own = {name for e in manifest for name in (e["Config"], *e["Layers"])}
+    common = [name for name in found if name not in own]  # manifest.json, repositories: every image's
+    for image in images:
+        entry = next((e for e in manifest if image in (e.get("RepoTags") or [])), None)
+        assert entry is not None, f"{image} is not in the manifest of `docker save`: {manifest}"
+        total = dict.fromkeys(found[common[0]] if common else (n.decode(errors="replace")[:40] for n in needles), 0)
+        for name in (entry["Config"], *entry["Layers"], *common):
+            name = links.get(name, name)
+            assert name in found, f"{name} of {image} was not in the archive"
+            for k, c in found[name].items():
+                total[k] += c
+        out[image] = total
+    return out
 
 
 def test_build_push_pull_and_no_secret_in_layers(services, base, tmp_path):
@@ -191,11 +218,12 @@ def test_build_push_pull_and_no_secret_in_layers(services, base, tmp_path):
             hist = engine.history(r.image["ref"]) + json.dumps(engine.inspect(r.image["ref"]))
             assert marker not in hist and token not in hist
             assert all(n.decode() not in hist.replace("\n", "") for n in needles)
-            # a positive control: the torch lock's header is in a layer, so the scan does read files
-            control = b"# envbuild layer torch:"
-            hits = scan_layers(engine, r.image["ref"], [control, *needles])
-            assert hits.pop(control.decode()) > 0
-            assert not any(hits.values()), hits
+        # a positive control: the torch lock's header is in a layer, so the scan does read files
+        control = b"# envbuild layer torch:"
+        scanned = scan_layers(engine, [vllm.image["ref"], hf.image["ref"]], [control, *needles])
+        for ref, hits in scanned.items():
+            assert hits.pop(control.decode()) > 0, ref
+            assert not any(hits.values()), (ref, hits)
         for p in results.rglob("*"):
             if p.is_file():
                 assert token not in p.read_text(errors="replace"), p
