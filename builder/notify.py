@@ -4,7 +4,8 @@ Both tables are verified first (as `envbuild diff` does). Then, per combination:
   newly broken     (not broken in OLD, broken in NEW; "unsatisfiable" when its lock has no
                    solution)   -> open an issue, or reopen/update the one it had before
   still broken     with a different failure -> update the issue and comment what changed
-  fixed            (verified or passed in NEW) -> close its open issue with a comment
+  fixed            (verified in NEW, and every level that failed has passed since: a row verified
+                   up to contract does not fix a failure at gpu) -> close its open issue
   gone             (no row in NEW) -> close its open issue: the matrix no longer has it
 An untested row (infrastructure, no verdict) leaves its issue as it is. Each issue carries a
 hidden marker naming its combination, so a later run finds it again (open or closed) and a
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 
 from .diff import compare
 from .errors import InfraError, UsageError
+from .query import unsettled
 from .row import Row, Table
 
 LABEL = "envbuild"
@@ -229,15 +231,17 @@ def regressed(old: Table, new: Table) -> list[str]:
 
 
 def plan_actions(old: Table, new: Table) -> dict[str, str]:
-    """{id: "broken" | "fixed" | "gone"} for rows whose issue may change."""
-    a = {r.id for r in old.rows}
+    """{id: "broken" | "fixed" | "gone"} for rows whose issue may change. Fixed means every level
+    that failed has passed since (query.unsettled): a row verified only below the failed level
+    leaves its issue as it is, as an untested row does."""
+    before = {r.id: r for r in old.rows}
     todo: dict[str, str] = {}
     for row in new.rows:
         if row.status == "broken":
             todo[row.id] = "broken"
-        elif row.status in ("verified", "unpinned"):
+        elif row.status in ("verified", "unpinned") and not unsettled(row, before.get(row.id)):
             todo[row.id] = "fixed"
-    for cid in a - {r.id for r in new.rows}:
+    for cid in before.keys() - {r.id for r in new.rows}:
         todo[cid] = "gone"
     return todo
 

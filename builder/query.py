@@ -84,6 +84,23 @@ def eligible(row: Row) -> int:
     return rank
 
 
+def unsettled(row: Row, before: Row | None = None) -> list[str]:
+    """Levels that failed and have not passed since: each level whose newest decided verdict in the
+    row's history (any image of it) failed, or that failed in `before` (the row in an earlier
+    table), and that the row's own image has not passed. A row verified up to contract says
+    nothing of a failure at gpu: a night's first table, published before its gpu verdicts, must not
+    read as the fix of last night's gpu failure (notify would close the issue, then reopen it)."""
+    failed = {lv for lv in LEVELS if before is not None and before.level(lv).status in FAILING}
+    seen: set[str] = set()
+    for h in row.history:  # newest first
+        for lv, st in h.levels.items():
+            if lv in LEVELS and lv not in seen and st in DECISIVE:
+                seen.add(lv)
+                if st in FAILING:
+                    failed.add(lv)
+    return [lv for lv in LEVELS if lv in failed and row.level(lv).status != PASS]
+
+
 def facts(row: Row) -> Facts:
     hw = row.hardware or {}
     arch = hw.get("gpu_arch") if isinstance(hw.get("gpu_arch"), dict) else {}

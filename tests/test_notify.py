@@ -217,3 +217,47 @@ def test_notify_refuses_a_tampered_table_and_missing_credentials(tmp_path, gh, r
     (t / "compat.json").write_text(json.dumps(doc))
     p = run_cli("ci", "notify", t, "--pubkey", pub)
     assert p.returncode != 0 and not [c for c in gh.calls if c[0] != "GET"]
+
+
+def test_a_night_s_first_table_does_not_close_a_gpu_failure_it_has_not_judged(tmp_path, gh, run_cli, monkeypatch):
+    # The nightly publishes twice: first without the gpu verdicts (notify), then with them
+    # (notify-gpu). A row broken at gpu whose image changed is verified up to contract in the first
+    # table: that is not its fix, and closing then reopening its issue every night is noise.
+    priv, pub, _ = write_keypair(tmp_path / "keys")
+    for k, v in {"GITHUB_API_URL": gh.url, "GITHUB_REPOSITORY": REPO, "GITHUB_TOKEN": TOKEN}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("ENVBUILD_STATE", str(tmp_path / "state"))
+
+    def notify(old, new):
+        return run_cli("ci", "notify", new, "--old", old, "--pubkey", pub)
+
+    gpu_fail = {**passed("env", "contract"), "gpu": verdict("fail", "logprob-mismatch", "|engine - trainer| 0.9")}
+    ok = rec(A, passed("env", "contract", "gpu"), img=image(A), run=1)
+    broke = rec(A, gpu_fail, img=image(A, build=1), status="fail", run=2)
+    cpu_new = rec(A, passed("env", "contract"), img=image(A, build=2), run=3)  # a new image, no gpu verdict yet
+    g0 = table(tmp_path, "g0", priv, [ok])
+    g1 = table(tmp_path, "g1", priv, [ok, broke])
+    assert notify(g0, g1).returncode == 1
+    issue = gh.by_combo(A["id"])
+    assert issue["state"] == "open" and "gpu" in issue["title"]
+
+    first = table(tmp_path, "n2-first", priv, [ok, broke, cpu_new])
+    p = notify(g1, first)
+    assert p.returncode == 0, p.stderr
+    assert gh.issues[issue["number"]]["state"] == "open" and not gh.comments.get(issue["number"]), p.stdout
+    # Its table one night later still has no gpu verdict (the gpu job did not run): still open.
+    later = table(tmp_path, "n3-first", priv, [ok, broke, cpu_new, rec(A, passed("env", "contract"), img=image(A, build=2), run=4)])
+    assert notify(first, later).returncode == 0 and gh.issues[issue["number"]]["state"] == "open"
+
+    # The gpu publish: the new image fails at gpu too -> the same issue, never closed in between.
+    gpu_again = rec(A, gpu_fail, img=image(A, build=2), status="fail", run=5)
+    with_gpu = table(tmp_path, "n3-gpu", priv, [ok, broke, cpu_new, gpu_again])
+    notify(later, with_gpu)
+    assert gh.issues[issue["number"]]["state"] == "open"
+    assert not any("reopened" in c or "Broken again" in c for c in gh.comments.get(issue["number"], []))
+    # ... and when its gpu level passes, the issue closes.
+    fixed = table(tmp_path, "n4-gpu", priv, [ok, broke, cpu_new, gpu_again,
+                                             rec(A, passed("env", "contract", "gpu"), img=image(A, build=3), run=6)])
+    p = notify(with_gpu, fixed)
+    assert p.returncode == 0 and gh.issues[issue["number"]]["state"] == "closed", p.stdout + p.stderr
+    assert any("Fixed" in c and "up to gpu" in c for c in gh.comments[issue["number"]])
