@@ -100,7 +100,10 @@ def _jit_mount(eng: Engine, image: str, levels) -> tuple[str | None, dict | None
         return None, {"off": f"image not inspected: {e}"}
     if key is None:
         return None, {"off": "image not on this machine before the run"}
-    d, info = JitCache().open(key)
+    try:
+        d, info = JitCache().open(key)
+    except OSError as e:  # an unwritable cache folder costs the run its cache, never its verdict
+        return None, {"off": f"cache folder: {e}"}
     return str(d), info
 
 

@@ -58,6 +58,15 @@ def test_the_key_is_the_content_a_digest_reference_first_and_never_a_tag(cache_h
     assert not cache_home.exists()
 
 
+def test_an_unwritable_cache_costs_the_run_its_cache_not_its_verdict(tmp_path, monkeypatch):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("ENVBUILD_CACHE", str(blocker / "cache"))  # mkdir fails under a file
+    eng = FakeEngine({"img:1": "sha256:" + "a" * 64})
+    d, info = _jit_mount(eng, "img:1", ["gpu"])
+    assert d is None and info["off"].startswith("cache folder:")
+
+
 def test_opening_one_image_s_folder_removes_folders_unused_for_weeks(cache_home):
     c = JitCache()
     old, recent = c.open("e" * 64)[0], c.open("f" * 64)[0]
