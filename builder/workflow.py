@@ -153,7 +153,8 @@ sudo rm -rf /usr/share/dotnet /usr/local/lib/android /opt/ghc /usr/local/share/b
 docker image prune --all --force > /dev/null
 df -h /
 """
-HISTORY_KEEP = 60  # earlier tables kept in history/ (two months of nights)
+HISTORY_NIGHTS = 60  # nights of earlier tables kept in history/: every table a night published
+# (with GPU runners two: the first, then the one with the gpu verdicts), two months of them
 
 
 def _runs_on(m, per_platform: dict[str, object]) -> object:
@@ -348,7 +349,7 @@ envbuild ci probe{mx} "${{sel[@]}}" --results results --levels contract,gpu || [
                     {"id": "diff", "name": "What changed since the last table (job summary)", "run": DIFF,
                      "env": {"FOUND": "${{ steps.last.outputs.found }}"}},
                     {"id": "site", "name": "The site: table, history/ of earlier tables, records", "run": SITE,
-                     "env": {"FOUND": "${{ steps.last.outputs.found }}", "HISTORY_KEEP": str(HISTORY_KEEP)}},
+                     "env": {"FOUND": "${{ steps.last.outputs.found }}", "HISTORY_KEEP": str(HISTORY_NIGHTS * (2 if gpu_runners else 1))}},
                     {"uses": ACTIONS["pages-upload"], "with": {"path": "site"}},
                     {"uses": ACTIONS["upload"], "with": {
                         "name": "envbuild-tables", "if-no-files-found": "ignore",
