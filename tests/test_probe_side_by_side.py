@@ -105,3 +105,16 @@ def test_a_hang_in_the_contract_process_is_killed_with_the_probe(tmp_path):
     else:
         pytest.fail("the contract process was killed before it reached verl even at 120 s")
     assert _gone(int(pidfile.read_text()))
+
+
+def test_the_default_is_the_engine_s_and_the_flag_or_variable_overrides_it(monkeypatch):
+    from envbuild.probe.cli import build_parser, side_by_side
+    from envbuild.probe.vocab import ENGINE, ENGINES
+
+    monkeypatch.delenv("ENVBUILD_PROBE_SIDE_BY_SIDE", raising=False)
+    for e in ENGINES:
+        assert side_by_side(build_parser().parse_args(["--engine", e])) == ENGINE[e].side_by_side
+    assert ENGINE["vllm"].side_by_side == "auto" and ENGINE["hf"].side_by_side == "no"  # as measured
+    monkeypatch.setenv("ENVBUILD_PROBE_SIDE_BY_SIDE", "no")
+    assert side_by_side(build_parser().parse_args(["--engine", "vllm"])) == "no"
+    assert side_by_side(build_parser().parse_args(["--engine", "vllm", "--side-by-side", "yes"])) == "yes"

@@ -11,7 +11,7 @@ import traceback
 
 from . import sidebyside
 from .verdict import ERROR, FAIL, Verdict, write_json
-from .vocab import ENGINES, EXIT_INFRA, EXIT_OF_STATUS, EXPECT_KEYS, LEVELS
+from .vocab import ENGINE, ENGINES, EXIT_INFRA, EXIT_OF_STATUS, EXPECT_KEYS, LEVELS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,12 +29,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "level ends (one process judges every level; the caller reads them as they appear)")
     p.add_argument("--stop-at-failure", action="store_true",
                    help="run no level above one that fails or errs (the levels above build on it)")
-    p.add_argument("--side-by-side", choices=("auto", "yes", "no"),
-                   default=os.environ.get("ENVBUILD_PROBE_SIDE_BY_SIDE", "no"),
+    p.add_argument("--side-by-side", choices=("auto", "yes", "no"), default=os.environ.get("ENVBUILD_PROBE_SIDE_BY_SIDE"),
                    help="with --level gpu: judge the contract level in a process of its own while the gpu level "
-                        "runs (auto: on a GPU node, one rank; default from ENVBUILD_PROBE_SIDE_BY_SIDE, else no: "
-                        "for the hf engine it gained nothing on the H200, bench/probe_ab_h200.json); the verdict "
-                        "is the same either way")
+                        "runs (auto: on a GPU node, one rank; default from ENVBUILD_PROBE_SIDE_BY_SIDE, else the "
+                        "engine's: auto for vllm, measured faster on the H200, no for hf, which gained nothing, "
+                        "bench/probe_ab_h200.json); the verdict is the same either way")
     p.add_argument("--only", choices=LEVELS, help=argparse.SUPPRESS)  # that level alone (the side-by-side child)
     g = p.add_argument_group("gpu level")
     g.add_argument("--engine-dtype", choices=("bfloat16", "float32"), default="bfloat16")
@@ -71,7 +70,7 @@ def run(args: argparse.Namespace) -> Verdict:
                          seed=args.seed, scratch=args.scratch)
         steps["gpu"] = lambda t: run_gpu(t, expect, args.engine, opt)
     child = None
-    if "gpu" in upto and not args.only and sidebyside.wanted(args.side_by_side):
+    if "gpu" in upto and not args.only and sidebyside.wanted(side_by_side(args)):
         child = sidebyside.ContractChild(args.engine, expect)  # its imports start now, on another core
     try:
         for lv in upto:
@@ -97,6 +96,11 @@ def run(args: argparse.Namespace) -> Verdict:
         if child is not None:
             child.stop()
     return v
+
+
+def side_by_side(args: argparse.Namespace) -> str:
+    """--side-by-side as asked (the flag, else ENVBUILD_PROBE_SIDE_BY_SIDE), else the engine's default."""
+    return args.side_by_side or ENGINE[args.engine].side_by_side
 
 
 def _level(v: Verdict, lv: str, step) -> bool:

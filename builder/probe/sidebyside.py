@@ -6,8 +6,10 @@ other: the child judges the contract level while this process starts the engine 
 verdict is the one the levels give one after another: the contract level's checks come between
 env's and gpu's, its level file is written as soon as the child ends (before gpu's), and with
 --stop-at-failure a failed contract level drops the gpu level's checks, as if it had never run.
-Asked for with --side-by-side (off by default: for the hf engine on the H200 the gpu level then
-imports transformers itself, which was most of the contract level's time, bench/probe_ab_h200.json).
+Asked for with --side-by-side; by default per engine (vocab.EngineSpec.side_by_side): on for vLLM,
+whose engine start does not wait on verl's import (17.2-18.2 s against 20.8-20.9 s on the H200,
+bench/probe_sidebyside_vllm_h200.json), off for hf, whose gpu level then imports transformers
+itself, which was most of the contract level's time (bench/probe_ab_h200.json).
 """
 
 from __future__ import annotations
