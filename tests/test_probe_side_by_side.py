@@ -9,10 +9,9 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
-from test_probe_timeout import HANG, _gone
+from test_probe_timeout import _gone, killed_in_verl_import
 
 from envbuild.probe.vocab import LEVELS
 from envbuild.probe_exec import probe_here
@@ -89,21 +88,8 @@ def test_a_contract_process_that_dies_is_an_error_not_a_pass(tmp_path):
 
 @pytest.mark.slow
 def test_a_hang_in_the_contract_process_is_killed_with_the_probe(tmp_path):
-    site = tmp_path / "site"
-    (site / "verl").mkdir(parents=True)
-    pidfile = tmp_path / "pid"
-    (site / "verl" / "__init__.py").write_text(HANG.format(pidfile=str(pidfile)))
-    # As in test_probe_timeout: a short limit first, doubled while the child had not reached verl.
-    for limit in (15, 30, 60, 120):
-        pidfile.unlink(missing_ok=True)
-        t0 = time.monotonic()
-        v = probe_here(level="gpu", engine="hf", expect={}, timeout=limit,
-                       extra_env={"PYTHONPATH": str(site), "ENVBUILD_PROBE_SIDE_BY_SIDE": "yes"})
-        assert v["status"] == "timeout" and time.monotonic() - t0 < limit + 60, v
-        if pidfile.exists():
-            break
-    else:
-        pytest.fail("the contract process was killed before it reached verl even at 120 s")
+    pidfile, took = killed_in_verl_import(tmp_path, 15, "gpu", {"ENVBUILD_PROBE_SIDE_BY_SIDE": "yes"})
+    assert all(t < limit + 60 for t, limit in zip(took, (15, 30, 60, 120)))
     assert _gone(int(pidfile.read_text()))
 
 

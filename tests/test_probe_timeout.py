@@ -63,23 +63,32 @@ def test_the_probe_does_not_wait_for_the_stacks_exit_handlers(tmp_path):
     assert v["checks"] and time.monotonic() - t0 < 30
 
 
-@pytest.mark.slow
-def test_here_hang_in_verl_import_is_killed(tmp_path):
-    pytest.importorskip("torch")
+def killed_in_verl_import(tmp_path, first: float, level: str, env: dict | None = None) -> tuple[Path, list[float]]:
+    """probe_here with a verl whose import hangs, until the probe is killed at its limit after the
+    hang began: the limit has to outlast torch's import before verl's is reached (10 s on a quiet
+    machine, a minute under load), so it starts at `first` and doubles, four tries. Every run must
+    end as a timeout. -> (the hanging process's pid file, each run's seconds)."""
     site = tmp_path / "site"
     (site / "verl").mkdir(parents=True)
     pidfile = tmp_path / "pid"
     (site / "verl" / "__init__.py").write_text(HANG.format(pidfile=str(pidfile)))
-    # The limit has to outlast torch's import before verl's is reached: 10 s on a quiet machine,
-    # a minute under load. Start short and double while the probe was killed before verl.
-    for limit in (20, 40, 80, 160):
+    took: list[float] = []
+    for limit in (first, 2 * first, 4 * first, 8 * first):
         pidfile.unlink(missing_ok=True)
-        v = probe_here(level="contract", engine="hf", expect={}, timeout=limit, extra_env={"PYTHONPATH": str(site)})
+        t0 = time.monotonic()
+        v = probe_here(level=level, engine="hf", expect={}, timeout=limit,
+                       extra_env={"PYTHONPATH": str(site), **(env or {})})
+        took.append(time.monotonic() - t0)
         assert v["status"] == "timeout", v
         if pidfile.exists():
-            break
-    else:
-        pytest.fail("the probe was killed before it reached verl even at 160 s")
+            return pidfile, took
+    pytest.fail(f"the probe was killed before it reached verl even at {8 * first:.0f} s")
+
+
+@pytest.mark.slow
+def test_here_hang_in_verl_import_is_killed(tmp_path):
+    pytest.importorskip("torch")
+    pidfile, _took = killed_in_verl_import(tmp_path, 20, "contract")
     assert _gone(int(pidfile.read_text()))
 
 
