@@ -36,6 +36,7 @@ from .paths import cache_dir
 from .probe_exec import (DEFAULT_TIMEOUT, IMAGE_PROBE_DIR, IMAGE_PROBE_PARENT, IMAGE_PYTHON, PROBE_SRC, STOP, _finish,
                          _launcher, _run, _run_levels, expect_of, probe_args, probe_code_hash)
 from .record import Record, iter_records, latest, machine_info, write_record
+from .values import parse_pinned
 
 CONTAINER_PREFIX = "envbuild-probe-"  # probe containers' names (fanout removes orphans by it)
 
@@ -67,8 +68,9 @@ class JitCache:
 
     @staticmethod
     def key(eng: Engine, image: str) -> str | None:
-        if "@sha256:" in image:
-            return image.rsplit("@sha256:", 1)[1]
+        pinned = parse_pinned(image)
+        if pinned:
+            return pinned[1]
         iid = eng.image_id(image)  # None: not here yet (docker run pulls it); no cache this run
         return iid.split(":", 1)[-1] if iid else None
 

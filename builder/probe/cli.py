@@ -84,18 +84,23 @@ def run(args: argparse.Namespace) -> Verdict:
             broke = _level(target, lv, steps[lv])
             if child is not None and lv == "gpu":
                 child.join(v)
-                if args.stop_at_failure and v.status in (FAIL, ERROR):
+                if _stops(args, v):
                     break  # the contract level failed: the gpu level above it is not this verdict's
                 v.absorb(target.to_dict())
             if args.levels_dir and int(os.environ.get("RANK", "0")) == 0:
                 # A level includes those below it, so the verdict so far is this level's verdict.
                 write_json(os.path.join(args.levels_dir, f"{lv}.json"), v.to_dict(level=lv))
-            if broke or (args.stop_at_failure and v.status in (FAIL, ERROR)):
+            if broke or _stops(args, v):
                 break
     finally:
         if child is not None:
             child.stop()
     return v
+
+
+def _stops(args: argparse.Namespace, v: Verdict) -> bool:
+    """--stop-at-failure and the verdict so far failed or erred: the levels above build on it."""
+    return args.stop_at_failure and v.status in (FAIL, ERROR)
 
 
 def side_by_side(args: argparse.Namespace) -> str:

@@ -28,6 +28,7 @@ from .spawn import child_env, package
 from .verdict import ERROR, Verdict, write_json
 from .vocab import expect_argv
 
+
 def wanted(choice: str) -> bool:
     """auto: on a GPU node (a device node present), one rank. Off a GPU node the gpu level is the
     CPU rehearsal of tests, and a second torch import would only take the other core."""
