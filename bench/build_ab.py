@@ -4,12 +4,14 @@ interleaved, with each install step's seconds from the build log: where a change
 or the template gained or lost time, judged within one run.
 
     python bench/build_ab.py [--base HEAD] [--repeat 2] [--cuda cu124 --vllm 0.8.4 --verl 0.4.1]
-                             [--out bench/build_ab.json]
+                             [--second] [--out bench/build_ab.json]
 
 Every build starts from an empty build cache of envbuild's own steps (bench/build_speed.py's
 _cold: layers and uv's cache mount), on the same debootstrapped base, with the lock resolved
 beforehand (both sides read the same cached lock), and with --no-cache, so repeats also show
-whether each side's layers are byte-identical from build to build. The revision runs from a `git archive` of
+whether each side's layers are byte-identical from build to build. With --second, each side then
+builds the hf combination sharing the first one's torch, on the layer cache the first left (as
+bench/build_speed.py's second combination). The revision runs from a `git archive` of
 its builder/, dockerfiles/ and matrix/, imported as envbuild from there. Needs the Docker engine
 and the package index (ci/services.sh); ~2.5 min and ~9 GB per build, images removed after.
 """
@@ -76,6 +78,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cuda", default="cu124")
     ap.add_argument("--vllm", default="0.8.4")
     ap.add_argument("--verl", default="0.4.1")
+    ap.add_argument("--second", action="store_true",
+                    help="after each cold build, build the hf combination sharing its torch (layer cache on)")
     ap.add_argument("--out", default=str(HERE / "build_ab.json"))
     args = ap.parse_args(argv)
 
@@ -98,6 +102,12 @@ def main(argv=None) -> int:
     sides = {"before": tree(args.base, work), "after": tree(None, work)}
     sel = ["--cuda", args.cuda, "--vllm", args.vllm, "--verl", args.verl, "--base", "bootstrap"]
     runs: dict[str, list[dict]] = {"before": [], "after": []}
+    second = None
+    if args.second:
+        second = plan(m, Selectors(cuda=args.cuda, engine="hf", torch=combo.torch, verl=args.verl), meta).combos[0]
+        assert Locker(m, meta).lock(second, work / "locks").ok
+        runs.update({"before-second": [], "after-second": []})
+    sel_b = ["--cuda", args.cuda, "--hf", "--torch", combo.torch, "--verl", args.verl, "--base", "bootstrap"]
     try:
         for i in range(args.repeat):
             for side, py in sides.items():
@@ -111,7 +121,17 @@ def main(argv=None) -> int:
                 runs[side].append({"seconds": round(secs, 1), "build": rec.timings.get("build"),
                                    "size": rec.image["size"], "steps": step_seconds((results / rec.log).read_text()),
                                    "layers": engine.layers(rec.image["ref"])})
-                engine.remove(*rec.image["tags"], force=True)
+                tags = list(rec.image["tags"])
+                if second is not None:
+                    print(f"[{i + 1}/{args.repeat}] {side}: {second.id} after it ...", file=sys.stderr)
+                    secs, p = envbuild("build", *sel_b, "--results", str(results), "--rebuild", env=env)
+                    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+                    rb = latest(results, second.id)
+                    runs[f"{side}-second"].append(
+                        {"seconds": round(secs, 1), "build": rb.timings.get("build"), "size": rb.image["size"],
+                         "steps": step_seconds((results / rb.log).read_text()), "layers": engine.layers(rb.image["ref"])})
+                    tags += rb.image["tags"]
+                engine.remove(*tags, force=True)
     finally:
         _prune_own_cache(engine)
 
@@ -120,18 +140,28 @@ def main(argv=None) -> int:
         vals = [v for v in vals if v is not None]
         return round(statistics.median(vals), 2) if vals else None
 
-    steps = list(dict.fromkeys(k for side in runs for r in runs[side] for k in r["steps"]))
+    def medians(suffix: str) -> dict:
+        b, a = f"before{suffix}", f"after{suffix}"
+        steps = list(dict.fromkeys(k for side in (b, a) for r in runs[side] for k in r["steps"]))
+        return {**{k: {"before": med(b, k), "after": med(a, k)} for k in steps},
+                "build": {"before": med(b, None), "after": med(a, None)}}
+
     out = {"combo": combo.id, "base": f"{args.base} ({rev})", "engine": engine.describe(), "cpus": os.cpu_count(),
            "repeat": args.repeat, "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "median": {**{k: {"before": med("before", k), "after": med("after", k)} for k in steps},
-                      "build": {"before": med("before", None), "after": med("after", None)}},
-           "runs": runs}
+           "median": medians(""), "runs": runs}
+    if second is not None:
+        out["second"] = second.id
+        out["median_second"] = medians("-second")
     # Every build is --no-cache: equal layers across one side's repeats came from equal bytes.
     out["same_layers"] = {side: f"{sum(len(set(l)) == 1 for l in zip(*(r['layers'] for r in rs)))} of "
                                 f"{len(rs[0]['layers'])}" for side, rs in runs.items() if len(rs) > 1}
-    print(f"{'step':<16}{'before':>10}{'after':>10}")
-    for k, v in out["median"].items():
-        print(f"{k:<16}{v['before'] if v['before'] is not None else '-':>10}{v['after'] if v['after'] is not None else '-':>10}")
+    for title, table in (("cold", out["median"]), ("second", out.get("median_second"))):
+        if table is None:
+            continue
+        print(f"{title + ' step':<16}{'before':>10}{'after':>10}")
+        for k, v in table.items():
+            print(f"{k:<16}{v['before'] if v['before'] is not None else '-':>10}"
+                  f"{v['after'] if v['after'] is not None else '-':>10}")
     Path(args.out).write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
     for side, same in out.get("same_layers", {}).items():
         print(f"{side}: {same} layers identical across the repeats")

@@ -39,6 +39,8 @@ BUILD_CONSTRAINTS = "locks/build-constraints.txt"
 # /etc files the builder mounts its own over during RUN (present, so no step makes a stub)
 ETC_STUBS = ("hostname", "hosts", "resolv.conf")  # the probe's package name inside images
 SECRETS = ("ca-bundle", "index-url", "torch-index-url")
+# Template files every install step runs after uv (mounted from the context's envbuild/).
+STEP_SCRIPTS = ("settle-overlaps.py", "compile-bytecode.py")
 # One time for every file envbuild writes into a context or an install step writes into a
 # layer (2000-01-01, later than zip's 1980 floor): equal content gives equal layer bytes.
 EPOCH = 946684800
@@ -93,7 +95,7 @@ def context_files(model: ImageModel, dockerfile: str) -> dict[str, bytes]:
     files: dict[str, bytes] = {"Dockerfile": dockerfile.encode(),
                                "envbuild/secrets-env.sh": (templates_dir() / "secrets-env.sh").read_bytes(),
                                "envbuild/check-env.py": (templates_dir() / "check-env.py").read_bytes(),
-                               "envbuild/settle-overlaps.py": (templates_dir() / "settle-overlaps.py").read_bytes(),
+                               **{f"envbuild/{n}": (templates_dir() / n).read_bytes() for n in STEP_SCRIPTS},
                                **{f"envbuild/etc/{n}": b"" for n in ETC_STUBS},
                                "locks/tools.txt": model.tools.encode(),
                                "locks/expected.txt": expected_text(model).encode()}

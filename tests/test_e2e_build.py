@@ -209,6 +209,18 @@ def test_build_push_pull_and_no_secret_in_layers(services, base, tmp_path):
         log = (results / hf.log).read_text()
         step = re.search(r"^#(\d+) \[[^\]]*\] RUN .*source=locks/torch\.txt,.*$", log, re.M)
         assert step and re.search(rf"^#{step.group(1)} CACHED$", log, re.M), log[-3000:]
+        # ... and its verl step took the .pyc of the files it shares with the first's layers from
+        # the bytecode cache (compile-bytecode.py) instead of compiling them again
+        step = re.search(r"^#(\d+) \[[^\]]*\] RUN .*source=locks/verl\.txt,.*$", log, re.M)
+        if step and not re.search(rf"^#{step.group(1)} CACHED$", log, re.M):
+            m = re.search(rf"^#{step.group(1)} [0-9.]+ envbuild: bytecode for (\d+) files: (\d+) from the cache",
+                          log, re.M)
+            assert m and 0 < int(m.group(2)) <= int(m.group(1)), log[-3000:]
+        p = engine.cmd("run", "--rm", "--network", "host", "--entrypoint", "sh", hf.image["ref"], "-c",
+                       "cd /opt/venv/lib/python3.11/site-packages && find . -name '*.py' | wc -l && "
+                       "find . -name '*.pyc' | wc -l", check=False)
+        n_py, n_pyc = map(int, p.stdout.split())
+        assert n_py > 5000 and n_pyc >= 0.99 * n_py, p.stdout + p.stderr  # every layer's bytecode is there
 
         # no secret in any layer, the config or `docker history`
         needles = [marker.encode(), token.encode()]

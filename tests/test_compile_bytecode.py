@@ -1,0 +1,116 @@
+"""dockerfiles/compile-bytecode.py: each install step's bytecode, through a cache shared by builds.
+What it writes must be what uv's --compile-bytecode writes (byte for byte, mode for mode), whether
+a file came from the cache or was compiled, or the layers of two builds would differ. Real uv, a
+real venv at one path (a .pyc holds its source's path, as /opt/venv is in every image), real
+hand-made wheels; no network."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from envbuild.index import uv_exe
+from envbuild.paths import templates_dir
+from test_settle_overlaps import wheel
+
+HELPER = templates_dir() / "compile-bytecode.py"
+STEP_ENV = {"SOURCE_DATE_EPOCH": "946684800", "PYTHONHASHSEED": "0"}  # as every install step sets them
+
+ALPHA = {
+    # a set constant is a frozenset in the .pyc, written in hash order: the fixed seed matters
+    "alpha/__init__.py": b"def main():\n    return 'x' in {'a', 'b', 'c', 'x'}\n",
+    "alpha/tool.py": b"#!/usr/bin/env python\nprint('tool')\n",  # made executable below
+    "alpha/py2.py": b"print 'vendored Python 2'\n",  # does not compile: skipped, as uv skips it
+    "alpha/data.txt": b"not Python\n",
+}
+BETA = {"beta/__init__.py": b"VALUE = 2\n", "beta/sub/mod.py": b"import alpha\nX = [1, 2, 3]\n"}
+
+
+@pytest.fixture
+def step(tmp_path):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    ws = {"alpha": wheel(wheels, "alpha", ALPHA, "alpha:main"), "beta": wheel(wheels, "beta", BETA, "beta:main")}
+    lock = tmp_path / "layer.txt"
+    lock.write_text("".join(f"{n}==1.0 \\\n    --hash=sha256:{hashlib.sha256(w.read_bytes()).hexdigest()}\n"
+                            for n, w in ws.items()))
+    venv, cache = tmp_path / "venv", tmp_path / "cache"
+    env = {**os.environ, **STEP_ENV}
+
+    def install(*extra: str) -> Path:
+        """A fresh venv at the same path with the step's two distributions; its site-packages."""
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run([uv_exe(), "venv", "-q", "--python", sys.executable, str(venv)], check=True, env=env)
+        subprocess.run([uv_exe(), "pip", "install", "-q", "--python", str(venv / "bin" / "python"), "--no-deps",
+                        "--require-hashes", "--no-index", "--find-links", str(wheels), "-r", str(lock), *extra],
+                       check=True, env=env)
+        site = next((venv / "lib").glob("python3*/site-packages"))
+        os.chmod(site / "alpha" / "tool.py", 0o755)  # an executable source: its .pyc is not
+        return site
+
+    def compile_step() -> subprocess.CompletedProcess:
+        return subprocess.run([str(venv / "bin" / "python"), "-I", str(HELPER), str(lock), str(cache)],
+                              capture_output=True, text=True, env=env)
+
+    return install, compile_step, cache
+
+
+def pycs(site: Path) -> dict[str, tuple[bytes, int]]:
+    return {str(p.relative_to(site)): (p.read_bytes(), p.stat().st_mode & 0o777)
+            for p in sorted(site.rglob("*.pyc")) if p.parts[-3] in ("alpha", "beta", "sub")}
+
+
+def test_a_hit_and_a_miss_write_what_uv_writes(step):
+    install, compile_step, cache = step
+    want = pycs(install("--compile-bytecode"))  # what uv's own --compile-bytecode writes
+    tag = sys.implementation.cache_tag
+    assert set(want) == {f"alpha/__pycache__/__init__.{tag}.pyc", f"alpha/__pycache__/tool.{tag}.pyc",
+                         f"beta/__pycache__/__init__.{tag}.pyc", f"beta/sub/__pycache__/mod.{tag}.pyc"}, want.keys()
+
+    site = install()
+    first = compile_step()
+    assert first.returncode == 0, first.stderr
+    assert "bytecode for 4 files: 0 from the cache, 4 compiled, 1 not Python 3 source" in first.stdout
+    assert pycs(site) == want
+    assert len(list(cache.rglob("*"))) > 4  # four entries and their folders
+
+    site = install()  # the next build of a layer with these files
+    second = compile_step()
+    assert second.returncode == 0, second.stderr
+    assert "bytecode for 4 files: 4 from the cache, 0 compiled" in second.stdout
+    assert pycs(site) == want
+
+
+def test_an_entry_that_does_not_fit_is_compiled_again(step):
+    install, compile_step, cache = step
+    site = install()
+    assert compile_step().returncode == 0
+    want = pycs(site)
+    site = install()
+    entries = [p for p in cache.rglob("*") if p.is_file()]
+    entries[0].write_bytes(b"garbage")  # not a .pyc of this interpreter
+    entries[1].write_bytes(entries[1].read_bytes()[:8] + b"\0" * 8 + entries[1].read_bytes()[16:])  # another source
+    p = compile_step()
+    assert p.returncode == 0, p.stderr
+    assert "2 from the cache, 2 compiled" in p.stdout
+    assert pycs(site) == want
+    install()
+    assert "4 from the cache, 0 compiled" in compile_step().stdout  # the entries are whole again
+
+
+def test_another_interpreter_setting_is_another_entry(step, monkeypatch):
+    install, compile_step, cache = step
+    install()
+    assert compile_step().returncode == 0
+    install()
+    monkeypatch.setenv("PYTHONHASHSEED", "1")  # frozenset order may differ: never shared with seed 0
+    p = subprocess.run([str(cache.parent / "venv" / "bin" / "python"), "-I", str(HELPER),
+                        str(cache.parent / "layer.txt"), str(cache)],
+                       capture_output=True, text=True, env={**os.environ, "SOURCE_DATE_EPOCH": "946684800"})
+    assert p.returncode == 0 and "0 from the cache, 4 compiled" in p.stdout, p.stdout + p.stderr
