@@ -38,14 +38,15 @@ def step_sources(lock, site):
 
 
 def interpreter_key():
-    """What besides path and source decides a .pyc's bytes: the interpreter build, the optimisation
-    level, the invalidation mode (SOURCE_DATE_EPOCH makes it hash-based) and the hash seed
-    (frozenset constants are written in hash order)."""
+    """What besides path and source decides a .pyc's bytes: the interpreter build (and, to be safe,
+    its platform: builds of other platforms share the cache mount), the optimisation level, the
+    invalidation mode (SOURCE_DATE_EPOCH makes it hash-based) and the hash seed (frozenset
+    constants are written in hash order)."""
     # py_compile's own default: hash-based where SOURCE_DATE_EPOCH is set (as in every step).
     mode = (py_compile.PycInvalidationMode.CHECKED_HASH if os.environ.get("SOURCE_DATE_EPOCH")
             else py_compile.PycInvalidationMode.TIMESTAMP)
-    parts = [CACHE_FORMAT, sys.version.encode(), importlib.util.MAGIC_NUMBER, str(sys.flags.optimize).encode(),
-             mode.name.encode(), os.environ.get("PYTHONHASHSEED", "random").encode()]
+    parts = [CACHE_FORMAT, sys.version.encode(), sysconfig.get_platform().encode(), importlib.util.MAGIC_NUMBER,
+             str(sys.flags.optimize).encode(), mode.name.encode(), os.environ.get("PYTHONHASHSEED", "random").encode()]
     return b"\0".join(parts), mode
 
 
@@ -73,7 +74,7 @@ def _mode_for(source_path):
 
 def _write(path, data, mode):
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
+    tmp = f"{path}.{os.urandom(6).hex()}.tmp"  # builds in other containers share the cache, not pids
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         with os.fdopen(fd, "wb") as f:
