@@ -213,8 +213,8 @@ def test_build_push_pull_and_no_secret_in_layers(services, base, tmp_path):
         # the bytecode cache (compile-bytecode.py) instead of compiling them again
         step = re.search(r"^#(\d+) \[[^\]]*\] RUN .*source=locks/verl\.txt,.*$", log, re.M)
         if step and not re.search(rf"^#{step.group(1)} CACHED$", log, re.M):
-            m = re.search(rf"^#{step.group(1)} [0-9.]+ envbuild: bytecode for (\d+) files: (\d+) from the cache",
-                          log, re.M)
+            m = re.search(rf"^#{step.group(1)} [0-9.]+ envbuild: bytecode for (\d+) files of \d+ distributions: "
+                          r"(\d+) from the cache", log, re.M)
             assert m and 0 < int(m.group(2)) <= int(m.group(1)), log[-3000:]
         p = engine.cmd("run", "--rm", "--network", "host", "--entrypoint", "sh", hf.image["ref"], "-c",
                        "cd /opt/venv/lib/python3.11/site-packages && find . -name '*.py' | wc -l && "
