@@ -127,7 +127,8 @@ def add_arguments(p) -> None:
     p.add_argument("--reprobe", action="store_true",
                    help="probe even when this image content was already probed by this probe version")
     p.add_argument("--no-cache", action="store_true",
-                   help="ignore BuildKit's layer cache (a cold build; download caches stay)")
+                   help="ignore BuildKit's layer cache: a cold build (BuildKit then gives the steps fresh cache "
+                        "mounts too: uv downloads again and every .pyc is compiled again)")
     p.add_argument("--compression", default="auto", choices=COMPRESSIONS,
                    help="pushed layers: auto (default: none to a registry on this machine, zstd elsewhere), "
                         "none, zstd (OCI media types, every core; needs the zstd program) or gzip (docker push)")

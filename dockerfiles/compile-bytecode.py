@@ -4,8 +4,10 @@
 # function of the interpreter, the file's path and its source, so a distribution whose files
 # another combination (or an earlier build of this one) compiled gets its .pyc from there, not
 # from the compiler: two combinations that share torch share most of their verl layer's
-# distributions, and a rebuild over a new base compiles nothing. One cache entry per
-# distribution (not per file), so a cold build pays one write per distribution for it.
+# distributions, and a step rebuilt over a changed layer below it compiles only the distributions
+# that changed while the interpreter stays the same (BuildKit's --no-cache gives every step fresh
+# cache mounts: nothing is shared then). One cache entry per distribution, not per file, so a cold
+# build pays one write per distribution for it.
 # The bytes are those py_compile writes: the same on a hit as on a miss.
 # Standard library only:
 #   python -I compile-bytecode.py LAYER_LOCK CACHE_DIR
