@@ -5,7 +5,7 @@
 # Needs root (apt, dockerd). Installs envbuild into a virtual environment of its own, ./.venv
 # (the distribution's python3 refuses `pip install` outside one: PEP 668). Leaves: the image in the
 # local Docker engine and in the registry on 127.0.0.1:5000, records in ./results, the signed table
-# in ./table, the signing key pair in ./keys. From cold on 2 cores: ~6 min quiet, ~13 min under load,
+# in ./table, the signing key pair in ./keys. From cold on 2 cores: ~6 min quiet, ~8 at load 4, ~13 at load 6,
 # ~20 GB of disk (README, Quickstart; bench/quickstart.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
