@@ -75,7 +75,7 @@ def render_stages(model: ImageModel, stages=STAGES, from_ref: str | None = None,
     return _env().get_template("Dockerfile.j2").render(
         combo=model.combo, model=model, stages=tuple(stages), from_ref=from_ref or model.base.pinned,
         header=header, labels=lab, normalize=NORMALIZE, epoch=EPOCH,
-        step_cache_dir=STEP_CACHE_DIR).lstrip("\n")
+        step_cache_dir=STEP_CACHE_DIR, step_scripts=STEP_SCRIPTS).lstrip("\n")
 
 
 def render_dockerfile(combo: Combo, lock: LockResult, base: Base) -> str:
