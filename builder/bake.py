@@ -27,7 +27,7 @@ from .lock import Locker
 from .matrix import matrix_from_args, plan_from_args
 from .values import image_refs
 
-from .render import (BUILD_CONSTRAINTS, PROBE_DIR, STEP_SCRIPTS, base_for, meta_path, read_meta, render_combo,
+from .render import (BUILD_CONSTRAINTS, PROBE_DIR, STEP_SCRIPTS, STUBS_TAR, base_for, meta_path, read_meta, render_combo,
                      render_stages)
 
 
@@ -43,7 +43,7 @@ def _hash_ctx(ctx: Path, srcs: list[str]) -> str:
 
 def stage_sources(model: ImageModel, stage: str) -> list[str]:
     """The context files a stage reads (COPY or bind mount), from the model."""
-    srcs = ["envbuild/etc", "envbuild/secrets-env.sh", "locks/tools.txt"] if stage == "torch" else \
+    srcs = [STUBS_TAR, "envbuild/secrets-env.sh", "locks/tools.txt"] if stage == "torch" else \
         ["envbuild/secrets-env.sh"]
     srcs += [f"envbuild/{n}" for n in STEP_SCRIPTS]  # every stage installs
     srcs += [l.lock_file for l in model.stage_layers(stage)]

@@ -49,6 +49,10 @@ CUDA_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
 KERNELS = frozenset({"flash-attn", "flash-attn-3", "xformers"}) | frozenset(k for e in ENGINE_SPECS for k in e.kernels)
 # Bake stages, in order: the layers a stage ends with are shared by the combinations above it.
 STAGES = ("torch", "engine", "final")
+# What `python -m venv` seeds besides pip (ensurepip: setuptools up to Python 3.11). The tools step
+# takes it out so that no later step deletes a file of a lower layer (a whiteout carries the
+# build's time); the last step puts it back where the lock has none (ImageModel.restores_seed).
+SEED_EXTRAS = ("setuptools",)
 # The lock layers whose steps unpack into a uv cache of their own, in the step's filesystem, and
 # hardlink from it (then drop it), instead of copying out of the shared cache mount: a few large
 # pinned wheels (torch, the nvidia-* libraries), so a step that runs is a new wheel and the shared
@@ -108,6 +112,13 @@ class ImageModel:
     def step_cache(self, layer: Layer) -> bool:
         """Whether this layer's step unpacks into a cache of its own (STEP_CACHE_SOURCES)."""
         return layer.source in STEP_CACHE_SOURCES
+
+    def restores_seed(self, layer: Layer) -> bool:
+        """Whether this layer's step puts back what the tools step took out of the venv's seed
+        (SEED_EXTRAS): the last step, when the lock pins none of it (an environment is the lock
+        plus the venv's seed, as `python -m venv` makes it)."""
+        pinned = {canonicalize_name(n) for n in self.expected}
+        return layer == self.layers[-1] and not pinned & set(SEED_EXTRAS)
 
     def source_builds(self, layer: Layer) -> list[str]:
         """Names this layer builds from source. Each is built again in its step rather than taken

@@ -9,10 +9,12 @@ rebuilt).
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
 import sys
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +24,7 @@ from . import image
 from .base import resolve_base
 from .errors import InputError
 from .fsutil import write_atomic
-from .layers import STAGES, STEP_CACHE_DIR, ImageModel, expected_text, model_for
+from .layers import SEED_EXTRAS, STAGES, STEP_CACHE_DIR, ImageModel, expected_text, model_for
 from .lock import Locker, LockResult
 from .matrix import matrix_from_args, plan_from_args
 from .selector import add_selector_args
@@ -37,7 +39,10 @@ __all__ = ["Base", "Rendered", "render_combo", "render_dockerfile", "render_stag
 PROBE_DIR = "envbuild_probe"
 BUILD_CONSTRAINTS = "locks/build-constraints.txt"
 # /etc files the builder mounts its own over during RUN (present, so no step makes a stub)
-ETC_STUBS = ("hostname", "hosts", "resolv.conf")  # the probe's package name inside images
+ETC_STUBS = ("hostname", "hosts", "resolv.conf")
+# ... added from a tar the render writes (ADD unpacks it with the archive's times, /etc's too;
+# COPY into /etc would give /etc the build's time, and the layer would differ from build to build)
+STUBS_TAR = "envbuild/etc-stubs.tar"
 SECRETS = ("ca-bundle", "index-url", "torch-index-url")
 # Template files every install step runs after uv (mounted from the context's envbuild/).
 STEP_SCRIPTS = ("settle-overlaps.py", "compile-bytecode.py")
@@ -75,7 +80,8 @@ def render_stages(model: ImageModel, stages=STAGES, from_ref: str | None = None,
     return _env().get_template("Dockerfile.j2").render(
         combo=model.combo, model=model, stages=tuple(stages), from_ref=from_ref or model.base.pinned,
         header=header, labels=lab, normalize=NORMALIZE, epoch=EPOCH,
-        step_cache_dir=STEP_CACHE_DIR, step_scripts=STEP_SCRIPTS).lstrip("\n")
+        step_cache_dir=STEP_CACHE_DIR, step_scripts=STEP_SCRIPTS, stubs_tar=STUBS_TAR,
+        seed_extras=SEED_EXTRAS).lstrip("\n")
 
 
 def render_dockerfile(combo: Combo, lock: LockResult, base: Base) -> str:
@@ -90,13 +96,26 @@ def context_hash(root: Path) -> str:
     return h.hexdigest()
 
 
+def stubs_tar() -> bytes:
+    """ETC_STUBS as a tar with fixed bytes: empty files, owner root, the mode /etc and its files
+    have in every base, one time (EPOCH) for all."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as t:
+        entries = [("etc", tarfile.DIRTYPE, 0o755)] + [(f"etc/{n}", tarfile.REGTYPE, 0o644) for n in ETC_STUBS]
+        for name, kind, mode in entries:
+            ti = tarfile.TarInfo(name)
+            ti.type, ti.mode, ti.mtime, ti.uname, ti.gname = kind, mode, EPOCH, "root", "root"
+            t.addfile(ti, io.BytesIO(b"") if kind == tarfile.REGTYPE else None)
+    return buf.getvalue()
+
+
 def context_files(model: ImageModel, dockerfile: str) -> dict[str, bytes]:
     """Every file of the build context, by its path in the context."""
     files: dict[str, bytes] = {"Dockerfile": dockerfile.encode(),
                                "envbuild/secrets-env.sh": (templates_dir() / "secrets-env.sh").read_bytes(),
                                "envbuild/check-env.py": (templates_dir() / "check-env.py").read_bytes(),
                                **{f"envbuild/{n}": (templates_dir() / n).read_bytes() for n in STEP_SCRIPTS},
-                               **{f"envbuild/etc/{n}": b"" for n in ETC_STUBS},
+                               STUBS_TAR: stubs_tar(),
                                "locks/tools.txt": model.tools.encode(),
                                "locks/expected.txt": expected_text(model).encode()}
     for layer in model.layers:

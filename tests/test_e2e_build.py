@@ -254,6 +254,16 @@ def test_build_push_pull_and_no_secret_in_layers(services, base, tmp_path):
         assert p.returncode == 0, p.stderr[-2000:]
         again = latest_by_combo(results)[hf.combo["id"]]
         assert again.run_id != hf.run_id and again.image["reused"] and again.image["digest"] == hf.image["digest"]
+
+        # equal inputs, equal layers: the vLLM image built again from nothing (--no-cache: no layer
+        # and fresh cache mounts, as on a new machine) has every layer of the first, byte for byte;
+        # its lock pins setuptools over the venv's seed, and /etc gets the builder's stubs
+        p = cli("build", *COMBOS[0], "--base", "bootstrap", "--no-cache", "--rebuild", "--ca-bundle", str(bundle),
+                "--results", str(tmp_path / "rebuilt"), "--timeout", "2400", env=env)
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        rebuilt = latest_by_combo(tmp_path / "rebuilt")[vllm.combo["id"]]
+        refs += rebuilt.image["tags"]
+        assert engine.layers(rebuilt.image["ref"]) == lv, "a layer differs between two builds of one context"
     finally:
         engine.remove(*refs, force=True)
         _delete_repo(repo)

@@ -37,10 +37,10 @@ def pins(d):
     return "".join(out)
 
 
-def fake_lock(combo, verl_pin="0.4.1", torch="2.6.0", nvidia=None, full_extra=None):
+def fake_lock(combo, verl_pin="0.4.1", torch="2.6.0", nvidia=None, full_extra=None, verl_extra=None):
     tl = {"torch": torch, "sympy": "1.13.1", **(nvidia or {})}
     el = {combo.engine: combo.engine_version, "xformers": "0.0.29.post2"} if combo.engine != "hf" else {}
-    vl = {"verl": verl_pin}
+    vl = {"verl": verl_pin, **(verl_extra or {})}
 
     def layer(name, d):
         return LayerLock(name, f"# {name}\n" + pins(d), "x", dict(d), "2025-07-11", "k")
@@ -114,6 +114,30 @@ def test_combinations_sharing_torch_share_the_dockerfile_prefix():
 def _runs(text):
     """RUN instructions of a Dockerfile with their continuation lines (test-side reading only)."""
     return re.findall(r"^RUN .*?[^\\]$", text, re.M | re.S)
+
+
+def test_the_venv_seed_leaves_with_the_tools_and_comes_back_last_where_the_lock_has_none():
+    # A step that replaced the seed's setuptools with the lock's would delete files of the tools
+    # layer: its whiteout carries the build's time, so the layer would differ from build to build.
+    runs = _runs(render_dockerfile(HF, fake_lock(HF), NV))
+    tools = next(r for r in runs if "source=locks/tools.txt" in r)
+    assert tools.index("pip uninstall -y -q setuptools;") > tools.index("--prefix /opt/uv")
+    restored = [r for r in runs if "python -m ensurepip;" in r]
+    assert len(restored) == 1 and "source=locks/verl.txt" in restored[0]  # the last install step
+    assert restored[0].index("ensurepip") > restored[0].index("compile-bytecode.py")
+    pinned = fake_lock(HF, verl_extra={"setuptools": "80.9.0"})
+    assert "ensurepip" not in render_dockerfile(HF, pinned, NV)  # the lock's setuptools is the environment's
+
+
+def test_etc_stubs_come_from_a_tar_with_fixed_bytes(tmp_path):
+    import tarfile
+    a = render_combo(HF, fake_lock(HF), NV, tmp_path / "a")
+    assert "\nADD envbuild/etc-stubs.tar /\n" in a.dockerfile.read_text()
+    assert not (a.context_dir / "envbuild" / "etc").exists()
+    with tarfile.open(a.context_dir / "envbuild" / "etc-stubs.tar") as t:
+        got = [(m.name, m.type, m.mode, m.mtime, m.uid, m.gid, m.size) for m in t]
+    assert got == [("etc", tarfile.DIRTYPE, 0o755, 946684800, 0, 0, 0)] + [
+        (f"etc/{n}", tarfile.REGTYPE, 0o644, 946684800, 0, 0, 0) for n in ("hostname", "hosts", "resolv.conf")]
 
 
 def test_cuda_libraries_get_their_own_layers_shared_across_torch_releases(tmp_path):
