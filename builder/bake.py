@@ -27,8 +27,8 @@ from .lock import Locker
 from .matrix import matrix_from_args, plan_from_args
 from .values import image_refs
 
-from .render import (BUILD_CONSTRAINTS, PROBE_DIR, STEP_SCRIPTS, STUBS_TAR, base_for, meta_path, read_meta, render_combo,
-                     render_stages)
+from .render import (BUILD_CONSTRAINTS, PROBE_DIR, STEP_SCRIPTS, STUBS_TAR, base_for, meta_path, read_meta,
+                     render_combo, render_stages)
 
 
 def _hash_ctx(ctx: Path, srcs: list[str]) -> str:
