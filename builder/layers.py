@@ -50,9 +50,11 @@ KERNELS = frozenset({"flash-attn", "flash-attn-3", "xformers"}) | frozenset(k fo
 # Bake stages, in order: the layers a stage ends with are shared by the combinations above it.
 STAGES = ("torch", "engine", "final")
 # What `python -m venv` seeds besides pip (ensurepip: setuptools up to Python 3.11). The tools step
-# takes it out so that no later step deletes a file of a lower layer (a whiteout carries the
-# build's time); the last step puts it back where the lock has none (ImageModel.restores_seed).
+# moves it out of the venv into an archive (SEED_STASH, in the tools layer) so that no later step
+# deletes a file of a lower layer (a whiteout carries the build's time); the last step unpacks it
+# back where the lock has none (ImageModel.restores_seed; dockerfiles/venv-seed.py).
 SEED_EXTRAS = ("setuptools",)
+SEED_STASH = "/opt/envbuild/venv-seed.tar"
 # The lock layers whose steps unpack into a uv cache of their own, in the step's filesystem, and
 # hardlink from it (then drop it), instead of copying out of the shared cache mount: a few large
 # pinned wheels (torch, the nvidia-* libraries), so a step that runs is a new wheel and the shared

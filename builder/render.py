@@ -24,7 +24,7 @@ from . import image
 from .base import resolve_base
 from .errors import InputError
 from .fsutil import write_atomic
-from .layers import SEED_EXTRAS, STAGES, STEP_CACHE_DIR, ImageModel, expected_text, model_for
+from .layers import SEED_EXTRAS, SEED_STASH, STAGES, STEP_CACHE_DIR, ImageModel, expected_text, model_for
 from .lock import Locker, LockResult
 from .matrix import matrix_from_args, plan_from_args
 from .selector import add_selector_args
@@ -45,7 +45,7 @@ ETC_STUBS = ("hostname", "hosts", "resolv.conf")
 STUBS_TAR = "envbuild/etc-stubs.tar"
 SECRETS = ("ca-bundle", "index-url", "torch-index-url")
 # Template files every install step runs after uv (mounted from the context's envbuild/).
-STEP_SCRIPTS = ("settle-overlaps.py", "compile-bytecode.py")
+STEP_SCRIPTS = ("settle-overlaps.py", "compile-bytecode.py", "venv-seed.py")
 # One time for every file envbuild writes into a context or an install step writes into a
 # layer (2000-01-01, later than zip's 1980 floor): equal content gives equal layer bytes.
 EPOCH = 946684800
@@ -81,7 +81,7 @@ def render_stages(model: ImageModel, stages=STAGES, from_ref: str | None = None,
         combo=model.combo, model=model, stages=tuple(stages), from_ref=from_ref or model.base.pinned,
         header=header, labels=lab, normalize=NORMALIZE, epoch=EPOCH,
         step_cache_dir=STEP_CACHE_DIR, step_scripts=STEP_SCRIPTS, stubs_tar=STUBS_TAR,
-        seed_extras=SEED_EXTRAS).lstrip("\n")
+        seed_extras=SEED_EXTRAS, seed_stash=SEED_STASH).lstrip("\n")
 
 
 def render_dockerfile(combo: Combo, lock: LockResult, base: Base) -> str:

@@ -121,12 +121,15 @@ def test_the_venv_seed_leaves_with_the_tools_and_comes_back_last_where_the_lock_
     # layer: its whiteout carries the build's time, so the layer would differ from build to build.
     runs = _runs(render_dockerfile(HF, fake_lock(HF), NV))
     tools = next(r for r in runs if "source=locks/tools.txt" in r)
-    assert tools.index("pip uninstall -y -q setuptools;") > tools.index("--prefix /opt/uv")
-    restored = [r for r in runs if "python -m ensurepip;" in r]
+    # moved to a stash in the same layer (no file of a lower layer is deleted), with bytecode
+    # written under a fixed hash seed so the stash's bytes are equal across builds
+    assert tools.index("venv-seed.py stash /opt/envbuild/venv-seed.tar setuptools;") > tools.index("--prefix /opt/uv")
+    assert "PYTHONHASHSEED=0" in tools and "source=envbuild/venv-seed.py" in tools
+    restored = [r for r in runs if "venv-seed.py restore /opt/envbuild/venv-seed.tar;" in r]
     assert len(restored) == 1 and "source=locks/verl.txt" in restored[0]  # the last install step
-    assert restored[0].index("ensurepip") > restored[0].index("compile-bytecode.py")
+    assert restored[0].index("venv-seed.py restore") > restored[0].index("compile-bytecode.py")
     pinned = fake_lock(HF, verl_extra={"setuptools": "80.9.0"})
-    assert "ensurepip" not in render_dockerfile(HF, pinned, NV)  # the lock's setuptools is the environment's
+    assert "venv-seed.py restore" not in render_dockerfile(HF, pinned, NV)  # the lock's setuptools is the environment's
 
 
 def test_etc_stubs_come_from_a_tar_with_fixed_bytes(tmp_path):
