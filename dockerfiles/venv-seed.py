@@ -7,28 +7,16 @@
 # An archive, not a folder: a scanner that reads every *.dist-info on disk would otherwise count a
 # second, dormant setuptools in images whose lock pins its own. Its bytes are fixed (sorted
 # entries, the step's SOURCE_DATE_EPOCH, owner root), so the tools layer stays equal across builds.
-# Standard library only:
+# Standard library only (and settle-overlaps.py beside it):
 #   python -I venv-seed.py stash ARCHIVE NAME...   (nothing to do for a name the venv lacks)
 #   python -I venv-seed.py restore ARCHIVE
-import base64
-import csv
-import hashlib
 import io
 import os
-import re
+import runpy
 import shutil
 import sys
 import sysconfig
 import tarfile
-
-
-def norm(name):
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def record_hash(path):
-    with open(path, "rb") as f:
-        return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(f.read()).digest()).rstrip(b"=").decode()
 
 
 def seed_paths(site, name):
@@ -36,21 +24,17 @@ def seed_paths(site, name):
     entries of site-packages (so no empty package folder is left behind to import as a
     namespace), and single files elsewhere (scripts in bin/) whose bytes are still the ones its
     RECORD names (another distribution may have written the same script since)."""
-    prefix, site = os.path.realpath(sys.prefix), os.path.realpath(site)
+    # RECORDs and file hashes read the way settle-overlaps.py (beside this file) reads them
+    settle = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "settle-overlaps.py"))
+    prefix, site, key = os.path.realpath(sys.prefix), os.path.realpath(site), settle["norm"](name)
     out = set()
-    for entry in sorted(os.listdir(site)):
-        if entry.endswith(".dist-info") and norm(entry[: -len(".dist-info")].rsplit("-", 1)[0]) == norm(name):
-            with open(os.path.join(site, entry, "RECORD"), newline="") as f:
-                for row in csv.reader(f):
-                    if not row:
-                        continue
-                    full = os.path.realpath(os.path.join(site, row[0]))
-                    top = os.path.relpath(full, site).split(os.sep)[0]
-                    if top != "..":
-                        out.add(os.path.relpath(os.path.join(site, top), prefix))
-                    elif os.path.isfile(full) and len(row) > 1 and row[1] == record_hash(full):
-                        out.add(os.path.relpath(full, prefix))
-            out.add(os.path.relpath(os.path.join(site, entry), prefix))
+    for path, digest in settle["records"](site, {key}).get(key, {}).items():
+        full = os.path.realpath(path)
+        top = os.path.relpath(full, site).split(os.sep)[0]
+        if top != "..":
+            out.add(os.path.relpath(os.path.join(site, top), prefix))
+        elif os.path.isfile(full) and settle["file_hash"](full) == digest:
+            out.add(os.path.relpath(full, prefix))
     return sorted(out)
 
 
