@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 from envbuild.index import uv_exe
@@ -43,8 +44,9 @@ def test_stash_takes_one_distribution_whole_and_restore_gives_it_back(tmp_path):
     subprocess.run([uv_exe(), "venv", "-q", "--python", sys.executable, str(venv)], check=True)
     py = str(venv / "bin" / "python")
     for w in (alpha, beta):  # one at a time: both write bin/tool, and beta's is the one left
+        # hash-checked .pyc, as in an install step (SOURCE_DATE_EPOCH): an import does not rewrite them
         subprocess.run([uv_exe(), "pip", "install", "-q", "--python", py, "--no-deps", "--compile-bytecode", str(w)],
-                       check=True)
+                       check=True, env=STEP_ENV)
     os.chmod(next(venv.glob("lib/python3*/site-packages/alpha/sub/mod.py")), 0o755)  # modes come back too
     before = tree(venv)
     site = next((venv / "lib").glob("python3*/site-packages"))
@@ -65,6 +67,7 @@ def test_stash_takes_one_distribution_whole_and_restore_gives_it_back(tmp_path):
     assert {(m.mtime, m.uid, m.gid, m.uname) for m in members} == {(946684800, 0, 0, "")}
     assert [m.name for m in members] == sorted((m.name for m in members), key=lambda n: n.split("/"))
 
+    time.sleep(1.1)  # the restored files get a later time than the installed ones, as in a later step
     p = seed(py, "restore", str(archive))
     assert p.returncode == 0, p.stderr
     assert tree(venv) == before
