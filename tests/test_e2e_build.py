@@ -273,7 +273,9 @@ def test_build_push_pull_and_no_secret_in_layers(services, base, tmp_path):
 
         # equal inputs, equal layers: the vLLM image built again from nothing (--no-cache: no layer
         # and fresh cache mounts, as on a new machine) has every layer of the first, byte for byte;
-        # its lock pins setuptools over the venv's seed, and /etc gets the builder's stubs
+        # its lock pins setuptools over the venv's seed, and /etc gets the builder's stubs. (Docker
+        # Engine 20.10 leaves the rebuilt copies of layers it already holds on disk, ~8 GB a run:
+        # a fresh CI machine does not notice; a machine running this often needs them removed.)
         p = cli("build", *COMBOS[0], "--base", "bootstrap", "--no-cache", "--rebuild", "--ca-bundle", str(bundle),
                 "--results", str(tmp_path / "rebuilt"), "--timeout", "2400", env=env)
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
