@@ -36,7 +36,7 @@ from .index import Metadata
 
 __all__ = ["Base", "Rendered", "render_combo", "render_dockerfile", "render_stages", "context_hash", "base_for"]
 
-PROBE_DIR = "envbuild_probe"
+PROBE_DIR = "envbuild_probe"  # the probe's package name inside images
 BUILD_CONSTRAINTS = "locks/build-constraints.txt"
 # /etc files the builder mounts its own over during RUN (present, so no step makes a stub)
 ETC_STUBS = ("hostname", "hosts", "resolv.conf")
