@@ -1,0 +1,46 @@
+#!/bin/bash
+# Device side (issue 30): a row's gpu level (a venv made by `envbuild venv`, as ci/device/row.sh
+# leaves it) with the contract level beside the gpu level (--side-by-side yes) and after it (no):
+# three rounds with the page cache dropped before each run, the order turning, then each once
+# more warm (MODES="yes no" by default; also "auto"). hf's default (vocab.EngineSpec.side_by_side)
+# rests on the node's own Python (probe_ab_h200.sh); this measures it on a row's venv.
+# Run it in the call that ran `row.sh run` (the venv lives in that machine's /tmp):
+#   run(carry=[".whl/pNN"], command="bash ci/device/row.sh run .whl/pNN SEL; bash bench/probe_modes_h200.sh")
+# LEVEL=env (or contract) tries the script off a GPU node.
+# Prints one line per run and writes $OUT/modes.json (every run's status, checks and timings).
+set -u
+py=${1:-/tmp/row-venv/bin/python}; out=/tmp/modes; mkdir -p "$out" /tmp/eb "${OUT:=/tmp/modes-out}"
+ln -sfn "$PWD/builder" /tmp/eb/envbuild
+one() {  # mode tag drop
+  local mode=$1 tag=$2 drop=$3 t0 rc
+  [ "$drop" = 1 ] && { sync; echo 3 > /proc/sys/vm/drop_caches; }
+  t0=$(date +%s.%N)
+  PYTHONPATH=/tmp/eb ENVBUILD_PROBE_SIDE_BY_SIDE=$mode python3 -m envbuild probe --here --python-exe "$py" \
+    --level "${LEVEL:-gpu}" --output "$out/$mode-$tag.json" > "$out/$mode-$tag.log" 2>&1
+  rc=$?
+  python3 - "$out/$mode-$tag.json" "$mode-$tag" "$rc" "$(python3 -c "import time; print(round(time.time() - $t0, 2))")" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1])); t = d["timings"]
+d["wall"] = float(sys.argv[4]); d["exit"] = int(sys.argv[3]); json.dump(d, open(sys.argv[1], "w"))
+print(sys.argv[2], d["status"], len(d["checks"]), "wall", d["wall"],
+      {k: t[k] for k in ("process", "env", "import_torch", "contract", "import_verl", "contract_wait", "gpu",
+                         "build_model", "engine_start", "rollout") if k in t})
+PY
+}
+read -ra modes <<< "${MODES:-yes no}"
+for n in 1 2 3; do  # the order turns each round
+  k=$(( (n - 1) % ${#modes[@]} )); order=("${modes[@]:k}" "${modes[@]:0:k}")
+  for m in "${order[@]}"; do one "$m" cold$n 1; done
+done
+for m in "${modes[@]}"; do one "$m" warm 0; done
+python3 - "$out" "$OUT/modes.json" <<'PY'
+import json, pathlib, sys
+runs = {}
+for f in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
+    d = json.loads(f.read_text())
+    runs[f.stem] = {"status": d["status"], "exit": d["exit"], "wall": d["wall"], "timings": d["timings"],
+                    "checks": [(c["name"], c["status"], c["level"]) for c in d["checks"]]}
+pathlib.Path(sys.argv[2]).write_text(json.dumps(runs, indent=1))
+same = {json.dumps(sorted(r["checks"])) for r in runs.values()}
+print(f"{len(runs)} runs, {len(same)} distinct check lists")
+PY
