@@ -9,7 +9,7 @@ export PYTHONPATH=/tmp/eb PYTHONUNBUFFERED=1
 one() {  # name, level, extra env...
   local name=$1 level=$2; shift 2
   env "$@" python3 -m envbuild.probe --level "$level" --engine hf --json "$out/$name.json" > "$out/$name.log" 2>&1
-  python3 -c "import json; d=json.load(open('$out/$name.json')); t=d['timings']; print('$name', d['status'], {k: t[k] for k in ('process','env','import_torch','contract','import_verl','gpu','rollout','update') if k in t})"
+  python3 bench/probe_runs.py line "$out/$name.json" "$name"
 }
 one contract-1 contract; one gpu-1 gpu; one contract-2 contract; one gpu-2 gpu
 rm -rf /tmp/pyc

@@ -18,17 +18,9 @@ one() {  # variant round drop
   [ "$v" = before ] && { mod=envbuild_probe; path=$PWD/bench/before_probe; args=(); }
   [ "$drop" = 1 ] && { sync; echo 3 > /proc/sys/vm/drop_caches; }
   PYTHONPATH=$path python3 -m $mod --level gpu --engine hf --json "$out/$v-$tag.json" "${args[@]}" > "$out/$v-$tag.log" 2>&1
-  python3 -c "import json; d=json.load(open('$out/$v-$tag.json')); t=d['timings']; print('$v-$tag', d['status'], len(d['checks']), {k: t[k] for k in ('process','env','import_torch','contract','import_verl','gpu','engine_start','rollout','contract_wait') if k in t})"
+  python3 bench/probe_runs.py line "$out/$v-$tag.json" "$v-$tag"
 }
 one after prime 0 "$@" >/dev/null; one before prime 0 >/dev/null  # bytecode for both, kept
 for n in 1 2 3; do one before cold$n 1; one after cold$n 1 "$@"; done
 one before warm 0; one after warm 0 "$@"
-python3 - "$out" "$OUT/ab.json" <<'PY'
-import json, pathlib, sys
-runs = {}
-for f in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
-    d = json.loads(f.read_text())
-    runs[f.stem] = {"status": d["status"], "timings": d["timings"],
-                    "checks": [(c["name"], c["status"], c["level"]) for c in d["checks"]]}
-pathlib.Path(sys.argv[2]).write_text(json.dumps(runs, indent=1))
-PY
+python3 bench/probe_runs.py collect "$out" "$OUT/ab.json"

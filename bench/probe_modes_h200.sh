@@ -18,14 +18,8 @@ one() {  # mode tag drop
   PYTHONPATH=/tmp/eb ENVBUILD_PROBE_SIDE_BY_SIDE=$mode python3 -m envbuild probe --here --python-exe "$py" \
     --level "${LEVEL:-gpu}" --output "$out/$mode-$tag.json" > "$out/$mode-$tag.log" 2>&1
   rc=$?
-  python3 - "$out/$mode-$tag.json" "$mode-$tag" "$rc" "$(python3 -c "import time; print(round(time.time() - $t0, 2))")" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1])); t = d["timings"]
-d["wall"] = float(sys.argv[4]); d["exit"] = int(sys.argv[3]); json.dump(d, open(sys.argv[1], "w"))
-print(sys.argv[2], d["status"], len(d["checks"]), "wall", d["wall"],
-      {k: t[k] for k in ("process", "env", "import_torch", "contract", "import_verl", "contract_wait", "gpu",
-                         "build_model", "engine_start", "rollout") if k in t})
-PY
+  python3 bench/probe_runs.py line "$out/$mode-$tag.json" "$mode-$tag" "$rc" \
+    "$(python3 -c "import time; print(round(time.time() - $t0, 2))")"
 }
 read -ra modes <<< "${MODES:-yes no}"
 for n in 1 2 3; do  # the order turns each round
@@ -33,14 +27,4 @@ for n in 1 2 3; do  # the order turns each round
   for m in "${order[@]}"; do one "$m" cold$n 1; done
 done
 for m in "${modes[@]}"; do one "$m" warm 0; done
-python3 - "$out" "$OUT/modes.json" <<'PY'
-import json, pathlib, sys
-runs = {}
-for f in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
-    d = json.loads(f.read_text())
-    runs[f.stem] = {"status": d["status"], "exit": d["exit"], "wall": d["wall"], "timings": d["timings"],
-                    "checks": [(c["name"], c["status"], c["level"]) for c in d["checks"]]}
-pathlib.Path(sys.argv[2]).write_text(json.dumps(runs, indent=1))
-same = {json.dumps(sorted(r["checks"])) for r in runs.values()}
-print(f"{len(runs)} runs, {len(same)} distinct check lists")
-PY
+python3 bench/probe_runs.py collect "$out" "$OUT/modes.json"
