@@ -32,8 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--side-by-side", choices=("auto", "yes", "no"), default=os.environ.get("ENVBUILD_PROBE_SIDE_BY_SIDE"),
                    help="with --level gpu: judge the contract level in a process of its own while the gpu level "
                         "runs (auto: on a GPU node, one rank; default from ENVBUILD_PROBE_SIDE_BY_SIDE, else the "
-                        "engine's: auto for vllm, measured faster on the H200, no for hf, which gained nothing, "
-                        "bench/probe_ab_h200.json); the verdict is the same either way")
+                        "engine's: auto for vllm and hf, measured faster on a GPU node, bench/probe_sidebyside_vllm_h200.json, "
+                        "bench/probe_modes_h100.json); the verdict is the same either way")
     p.add_argument("--only", choices=LEVELS, help=argparse.SUPPRESS)  # that level alone (the side-by-side child)
     g = p.add_argument_group("gpu level")
     g.add_argument("--engine-dtype", choices=("bfloat16", "float32"), default="bfloat16")
