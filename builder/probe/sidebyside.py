@@ -8,10 +8,11 @@ env's and gpu's, its level file is written as soon as the child ends (before gpu
 --stop-at-failure a failed contract level drops the gpu level's checks, as if it had never run.
 Asked for with --side-by-side; by default per engine (vocab.EngineSpec.side_by_side): on for vLLM,
 whose engine start does not wait on verl's import (17.2-18.2 s against 20.8-20.9 s on the H200,
-bench/probe_sidebyside_vllm_h200.json), and for hf on a row's venv, where verl's import (5.7-6.2 s)
-was most of the contract level's time (11.7-12.2 s against 14.9-15.8 s on the H100,
-bench/probe_modes_h100.json). The node's own Python, without verl, had shown no gain for hf
-(bench/probe_ab_h200.json): its contract level was transformers, which the gpu level imports too.
+bench/probe_sidebyside_vllm_h200.json), and for hf on a row's venv, where verl's import (4.8-6.2 s)
+was most of the contract level's time (cold medians 11.9 s against 15.7 s on an H100, 13.5 s
+against 14.8 s on an H200: bench/probe_modes_h100.json, probe_modes_h200.json). The node's own
+Python, without verl, had shown no gain for hf (bench/probe_ab_h200.json): its contract level was
+then transformers, which the gpu level imports too.
 """
 
 from __future__ import annotations

@@ -120,7 +120,7 @@ ENGINE_SPECS = (
     # hf: transformers generate, no inference engine; transformers comes with verl.
     EngineSpec("hf", "transformers (hf)", "transformers", frozenset(), frozenset(), versioned=False,
                rollout=("hf",), runs_on_cpu=True,
-               side_by_side="auto"),  # a row's venv with verl: 11.7-12.2 s against 14.9-15.8 s on the H100
+               side_by_side="auto"),  # a row's venv, cold: 11.9 s against 15.7 s (H100), 13.5 against 14.8 (H200)
 )
 DEFAULT_ENGINE = "vllm"  # verl's default rollout (actor_rollout_ref.rollout.name)
 ENGINE = {e.name: e for e in ENGINE_SPECS}
