@@ -3,8 +3,8 @@
 # leaves it) with the contract level beside the gpu level (--side-by-side yes) and after it (no):
 # three rounds with the page cache dropped before each run, the order turning, then each once
 # more warm (MODES="yes no" by default; also "auto"), on whichever card is lent (H200 or H100).
-# hf's default (vocab.EngineSpec.side_by_side) rests on this run on a row's venv (probe_modes_h100.json);
-# the node's own Python, without verl, had shown no gain (probe_ab_h200.sh).
+# hf's default (vocab.EngineSpec.side_by_side) rests on its runs on a row's venv (probe_modes_h100.json,
+# probe_modes_h200.json); the node's own Python, without verl, had shown no gain (probe_ab_h200.sh).
 # Run it in the call that ran `row.sh run` (the venv lives in that machine's /tmp):
 #   run(carry=[".whl/pNN"], command="bash ci/device/row.sh run .whl/pNN SEL; bash bench/probe_modes_h200.sh")
 # LEVEL=env (or contract) tries the script off a GPU node.
