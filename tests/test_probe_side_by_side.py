@@ -1,7 +1,7 @@
 """The contract level judged in a process of its own beside the gpu level (the gpu level's CPU
 rehearsal here): the verdict, its order and its level files are those of the levels run one after
-another; a failed contract level with --stop-at-failure leaves no gpu level; a contract process
-that dies is an error; a hang in it is killed with the probe."""
+another, read ahead or not; a failed contract level with --stop-at-failure leaves no gpu level; a
+contract process that dies is an error; a hang in it is killed with the probe."""
 
 from __future__ import annotations
 
@@ -20,10 +20,13 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 
-def _probe(tmp_path, side: str, *extra: str, site=None) -> tuple[dict, dict]:
+def _probe(tmp_path, side: str, *extra: str, site=None, prefetch: str | None = None) -> tuple[dict, dict]:
     out, levels = tmp_path / f"{side}.json", tmp_path / f"levels-{side}"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in (site,) if p)}
     env.pop("ENVBUILD_PROBE_SIDE_BY_SIDE", None)
+    env.pop("ENVBUILD_PROBE_PREFETCH", None)
+    if prefetch:
+        env["ENVBUILD_PROBE_PREFETCH"] = prefetch
     p = subprocess.run([sys.executable, "-m", "envbuild.probe", "--level", "gpu", "--engine", "hf", "--side-by-side",
                         side, "--json", str(out), "--levels-dir", str(levels), *extra],
                        capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
@@ -46,8 +49,9 @@ def _fake_verl(root, broken: str) -> object:
 
 
 def test_side_by_side_gives_the_verdict_of_levels_in_a_row(tmp_path):
-    one, lv_one = _probe(tmp_path, "no")
-    two, lv_two = _probe(tmp_path, "yes")
+    # The read-ahead (probe/prefetch.py) changes no verdict either: one side reads ahead.
+    one, lv_one = _probe(tmp_path, "no", prefetch="no")
+    two, lv_two = _probe(tmp_path, "yes", prefetch="yes")
     assert one["status"] == two["status"] == "pass"
     assert _checks(one) == _checks(two) and len(_checks(two)) > 20
     assert [c[2] for c in _checks(two)] == sorted((c[2] for c in _checks(two)), key=LEVELS.index)
@@ -60,6 +64,7 @@ def test_side_by_side_gives_the_verdict_of_levels_in_a_row(tmp_path):
     assert "contract_wait" in two["timings"] and "contract_process" in two["timings"]
     assert "contract_wait" not in one["timings"]
     assert "contract" in one["timings"] and "contract" in two["timings"]
+    assert "prefetch" in two["timings"] and "prefetch" not in one["timings"]
 
 
 def test_a_failed_contract_level_beside_the_gpu_level_stops_it(tmp_path):

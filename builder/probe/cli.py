@@ -9,7 +9,7 @@ import sys
 import time
 import traceback
 
-from . import sidebyside
+from . import prefetch, sidebyside
 from .verdict import ERROR, FAIL, Verdict, write_json
 from .vocab import ENGINE, ENGINES, EXIT_INFRA, EXIT_OF_STATUS, EXPECT_KEYS, LEVELS
 
@@ -50,6 +50,10 @@ def run(args: argparse.Namespace) -> Verdict:
     expect = {k: getattr(args, f"expect_{k}") for k in EXPECT_KEYS if getattr(args, f"expect_{k}")}
     v = Verdict(level=args.level, engine=args.engine, expect=expect)
     upto = LEVELS[:LEVELS.index(args.level) + 1]
+    ahead = None
+    if "gpu" in upto and not args.only and prefetch.wanted():
+        # First: env's `import torch` is the first reader of what it asks for.
+        ahead = prefetch.Prefetch(prefetch.TREES + tuple(sorted(ENGINE[args.engine].modules)))
     # The probe's own modules are imported before the CUDA warm-up thread starts importing torch:
     # two threads importing the same standard modules at once can see one half-initialised.
     from .env_level import run_env
@@ -95,6 +99,9 @@ def run(args: argparse.Namespace) -> Verdict:
     finally:
         if child is not None:
             child.stop()
+        done = ahead.result() if ahead is not None else None  # ended by now, else stopped
+        if done is not None:
+            v.timings["prefetch"] = done["seconds"]
     return v
 
 

@@ -43,7 +43,9 @@ def _cstr(buf, off: int) -> str:
     return bytes(buf[off:end]).decode("utf-8", "replace")
 
 
-def read_elf(path: str, want_defined: bool = True) -> ElfInfo:
+def read_elf(path: str, want_defined: bool = True, want_symbols: bool = True) -> ElfInfo:
+    """want_symbols=False: only the dynamic section and the version needs (a few pages of a large
+    library, where its symbol table is megabytes)."""
     info = ElfInfo(path)
     with open(path, "rb") as f:
         try:
@@ -61,7 +63,7 @@ def read_elf(path: str, want_defined: bool = True) -> ElfInfo:
         for s in secs:
             sh_type, sh_offset, sh_size, sh_link = s[1], s[4], s[5], s[6]
             strtab = secs[sh_link][4] if sh_link < len(secs) else 0
-            if sh_type == SHT_DYNSYM:
+            if sh_type == SHT_DYNSYM and want_symbols:
                 for (st_name, st_info, st_other, st_shndx, _v, _s) in struct.iter_unpack(
                         "<IBBHQQ", buf[sh_offset:sh_offset + sh_size]):
                     if not st_name:

@@ -17,7 +17,6 @@ then transformers, which the gpu level imports too.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import shutil
@@ -29,7 +28,12 @@ import time
 
 from .spawn import child_env, package
 from .verdict import ERROR, Verdict, write_json
-from .vocab import expect_argv
+from .vocab import ACCELERATORS, expect_argv
+
+
+def accelerator_node() -> bool:
+    """Whether this machine has an accelerator's device files (vocab.AcceleratorKind.device_nodes)."""
+    return any(os.path.exists(n) for k in ACCELERATORS.values() for n in k.device_nodes)
 
 
 def wanted(choice: str) -> bool:
@@ -39,7 +43,7 @@ def wanted(choice: str) -> bool:
         return choice == "yes"
     if int(os.environ.get("WORLD_SIZE", "1")) != 1:
         return False  # every rank would judge the contract level again
-    return bool(glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/kfd"))
+    return accelerator_node()
 
 
 class ContractChild:
