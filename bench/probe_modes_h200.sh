@@ -8,6 +8,8 @@
 # Run it in the call that ran `row.sh run` (the venv lives in that machine's /tmp):
 #   run(carry=[".whl/pNN"], command="bash ci/device/row.sh run .whl/pNN SEL; bash bench/probe_modes_h200.sh")
 # LEVEL=env (or contract) tries the script off a GPU node.
+# VAR names the variable the modes set (default ENVBUILD_PROBE_SIDE_BY_SIDE): VAR=ENVBUILD_PROBE_PREFETCH
+# MODES="1 0" compares the probe's read-ahead with none (probe/prefetch.py).
 # Prints one line per run and writes $OUT/modes.json (every run's status, checks and timings).
 set -u
 py=${1:-/tmp/row-venv/bin/python}; out=/tmp/modes; mkdir -p "$out" /tmp/eb "${OUT:=/tmp/modes-out}"
@@ -16,7 +18,7 @@ one() {  # mode tag drop
   local mode=$1 tag=$2 drop=$3 t0 rc
   [ "$drop" = 1 ] && { sync; echo 3 > /proc/sys/vm/drop_caches; }
   t0=$(date +%s.%N)
-  PYTHONPATH=/tmp/eb ENVBUILD_PROBE_SIDE_BY_SIDE=$mode python3 -m envbuild probe --here --python-exe "$py" \
+  PYTHONPATH=/tmp/eb env "${VAR:-ENVBUILD_PROBE_SIDE_BY_SIDE}=$mode" python3 -m envbuild probe --here --python-exe "$py" \
     --level "${LEVEL:-gpu}" --output "$out/$mode-$tag.json" > "$out/$mode-$tag.log" 2>&1
   rc=$?
   python3 bench/probe_runs.py line "$out/$mode-$tag.json" "$mode-$tag" "$rc" \

@@ -8,8 +8,8 @@ import pathlib
 import sys
 
 # The timings worth a glance, in the order the levels take them.
-KEYS = ("process", "env", "import_torch", "contract", "import_verl", "contract_wait", "gpu", "build_model",
-        "engine_start", "rollout", "update")
+KEYS = ("process", "prefetch", "env", "import_torch", "contract", "import_verl", "contract_wait", "gpu",
+        "build_model", "engine_start", "rollout", "update")
 
 
 def line(path: str, tag: str, rc: str | None = None, wall: str | None = None) -> None:
@@ -27,7 +27,9 @@ def collect(folder: str, out: str) -> None:
     for f in sorted(pathlib.Path(folder).glob("*.json")):
         d = json.loads(f.read_text())
         runs[f.stem] = {"status": d["status"], **{k: d[k] for k in ("exit", "wall") if k in d},
-                        "timings": d["timings"], "checks": [(c["name"], c["status"], c["level"]) for c in d["checks"]]}
+                        "timings": d["timings"], "checks": [(c["name"], c["status"], c["level"]) for c in d["checks"]],
+                        # where a level's time went, check by check (the slow ones)
+                        "check_seconds": {c["name"]: c["seconds"] for c in d["checks"] if (c.get("seconds") or 0) >= 0.05}}
     pathlib.Path(out).write_text(json.dumps(runs, indent=1))
     lists = {json.dumps(sorted(r["checks"])) for r in runs.values()}
     print(f"{len(runs)} runs, {len(lists)} distinct check lists")
