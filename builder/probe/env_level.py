@@ -61,13 +61,18 @@ def variant_matches(seen: Variant, want: str) -> bool:
 MIN_SHM_BYTES = 1 << 30
 
 
+def site_roots() -> list[str]:
+    """The environment's site-packages folders, in sys.path order."""
+    return [p for p in dict.fromkeys(sys.path) if p.endswith(("site-packages", "dist-packages")) and os.path.isdir(p)]
+
+
 def _check_gpu_arch(v: Verdict, torch) -> None:
     """Which GPUs every native extension of this environment has kernels for (no GPU needed)."""
     t0 = time.perf_counter()
     if not torch.version.cuda:
         v.add("gpu-arch", NOT_APPLICABLE, "CPU build of torch")
         return
-    roots = sorted({p for p in sys.path if p.endswith(("site-packages", "dist-packages")) and os.path.isdir(p)})
+    roots = sorted(site_roots())
     cov = image_coverage(roots)
     v.hardware["gpu_arch"] = cov
     v.hardware["min_shm_bytes"] = MIN_SHM_BYTES

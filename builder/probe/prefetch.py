@@ -26,20 +26,13 @@ import threading
 import time
 
 from .elfsyms import NotElf, read_elf
+from .env_level import site_roots
+from .fatbin import is_elf_library
 
 # What the gpu level imports whatever the engine: torch (env), then transformers and tokenizers
 # (the tiny model and the actor); the engine's own modules come after them.
 TREES = ("torch", "transformers", "tokenizers")
 WORKERS = 8
-
-
-def roots() -> list[str]:
-    """The environment's site-packages folders, in sys.path order."""
-    return [p for p in dict.fromkeys(sys.path) if p.endswith(("site-packages", "dist-packages")) and os.path.isdir(p)]
-
-
-def _is_lib(name: str) -> bool:
-    return name.endswith(".so") or ".so." in name
 
 
 def _files(top: str) -> tuple[list[str], list[str]]:
@@ -48,7 +41,7 @@ def _files(top: str) -> tuple[list[str], list[str]]:
     tag = f".{sys.implementation.cache_tag}."
     for d, _dirs, names in os.walk(top):
         for n in names:
-            if _is_lib(n):
+            if is_elf_library(n):
                 libs.append(os.path.join(d, n))
             elif tag in n and n.endswith(".pyc"):
                 pycs.append(os.path.join(d, n))
@@ -130,7 +123,7 @@ class Prefetch:
     def __init__(self, modules: tuple[str, ...], site: list[str] | None = None, workers: int = WORKERS):
         from .spawn import child_env, package
         cmd = [sys.executable, "-m", f"{package()}.prefetch", "--workers", str(workers)]
-        for r in (roots() if site is None else site):
+        for r in (site_roots() if site is None else site):
             cmd += ["--root", r]
         self.proc = subprocess.Popen([*cmd, *modules], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      env=child_env(), cwd="/")
