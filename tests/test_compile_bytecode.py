@@ -130,3 +130,29 @@ def test_another_interpreter_setting_is_another_entry(step, monkeypatch):
                         str(cache.parent / "layer.txt"), str(cache)],
                        capture_output=True, text=True, env={**os.environ, "SOURCE_DATE_EPOCH": "946684800"})
     assert p.returncode == 0 and "0 from the cache (0 distributions), 4 compiled" in p.stdout, p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("mode", ["CHECKED_HASH", "UNCHECKED_HASH", "TIMESTAMP"])
+def test_the_bytes_are_py_compiles(tmp_path, mode):
+    """The helper makes a .pyc itself (the file written in place, not through a rename): its bytes
+    are py_compile's in every invalidation mode, and a source that does not compile gives none."""
+    import py_compile
+
+    cb = _module()
+    src = tmp_path / "m.py"
+    src.write_bytes(b"X = frozenset({'a', 'b'})\ndef f():\n    return [x for x in range(3)]\n")
+    os.utime(src, (946684800, 946684800))
+    pm = py_compile.PycInvalidationMode[mode]
+    want = Path(py_compile.compile(str(src), cfile=str(tmp_path / "want.pyc"), invalidation_mode=pm, doraise=True))
+    assert cb.pyc_bytes(src.read_bytes(), str(src), pm) == want.read_bytes()
+    (tmp_path / "bad.py").write_bytes(b"print 'two'\n")
+    assert cb._compile((str(tmp_path / "bad.py"), pm)) == (str(tmp_path / "bad.py"), b"")
+
+
+def test_a_pyc_already_there_is_replaced_with_the_mode_asked_for(tmp_path):
+    cb = _module()
+    target = tmp_path / "__pycache__" / "m.pyc"
+    cb._put(str(target), b"first", 0o644)  # the folder is made
+    os.chmod(target, 0o400)
+    cb._put(str(target), b"second", 0o644)
+    assert target.read_bytes() == b"second" and target.stat().st_mode & 0o777 == 0o644
