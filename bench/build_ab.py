@@ -9,7 +9,9 @@ or the template gained or lost time, judged within one run.
 Every build starts from an empty build cache of envbuild's own steps (bench/build_speed.py's
 _cold: layers and uv's cache mount), on the same debootstrapped base, with the lock resolved
 beforehand (both sides read the same cached lock), and with --no-cache, so repeats also show
-whether each side's layers are byte-identical from build to build. With --second, each side then
+whether each side's layers are byte-identical from build to build. Each build also records the
+CPU-seconds the whole machine spent busy and that over the cores (cpu_floor_s): the wall time the
+same work needs at the least, however its steps overlap. With --second, each side then
 builds the hf combination sharing the first one's torch, on the layer cache the first left (as
 bench/build_speed.py's second combination). The revision runs from a `git archive` of
 its builder/, dockerfiles/ and matrix/, imported as envbuild from there. Needs the Docker engine
@@ -33,7 +35,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from build_speed import _cold, _prune_own_cache, envbuild, latest  # noqa: E402
+from build_speed import _cold, _prune_own_cache, cpu_times, cpu_used, envbuild, latest  # noqa: E402
 
 STEP = re.compile(r"^#(\d+) \[[^\]]*\] (.*)$", re.M)
 DONE = re.compile(r"^#(\d+) DONE ([0-9.]+)s$", re.M)
@@ -115,28 +117,36 @@ def main(argv=None) -> int:
                 results = work / f"{side}-{i}"
                 env = {**os.environ, "PYTHONPATH": f"{py}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
                 print(f"[{i + 1}/{args.repeat}] {side}: cold build of {combo.id} ...", file=sys.stderr)
+                cpu0 = cpu_times()
                 secs, p = envbuild("build", *sel, "--results", str(results), "--rebuild", "--no-cache", env=env)
                 assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
                 rec = latest(results, combo.id)
-                runs[side].append({"seconds": round(secs, 1), "build": rec.timings.get("build"),
+                runs[side].append({"seconds": round(secs, 1), "build": rec.timings.get("build"), **cpu_used(cpu0),
                                    "size": rec.image["size"], "steps": step_seconds((results / rec.log).read_text()),
                                    "layers": engine.layers(rec.image["ref"])})
                 tags = list(rec.image["tags"])
                 if second is not None:
                     print(f"[{i + 1}/{args.repeat}] {side}: {second.id} after it ...", file=sys.stderr)
+                    cpu0 = cpu_times()
                     secs, p = envbuild("build", *sel_b, "--results", str(results), "--rebuild", env=env)
                     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
                     rb = latest(results, second.id)
+                    steps_b = step_seconds((results / rb.log).read_text())
+                    # Its verl step must run: a cache record the prune left (seen 2026-12-06: a whole
+                    # second build CACHED in the second round) would time a no-op as the second build.
+                    assert "verl" in steps_b, f"{second.id}: its verl step came from the build cache"
                     runs[f"{side}-second"].append(
-                        {"seconds": round(secs, 1), "build": rb.timings.get("build"), "size": rb.image["size"],
-                         "steps": step_seconds((results / rb.log).read_text()), "layers": engine.layers(rb.image["ref"])})
+                        {"seconds": round(secs, 1), "build": rb.timings.get("build"), **cpu_used(cpu0),
+                         "size": rb.image["size"],
+                         "steps": steps_b, "layers": engine.layers(rb.image["ref"])})
                     tags += rb.image["tags"]
                 engine.remove(*tags, force=True)
     finally:
         _prune_own_cache(engine)
 
     def med(side: str, key: str | None) -> float | None:
-        vals = [r["build"] if key is None else r["steps"].get(key) for r in runs[side]]
+        vals = [r["build"] if key is None else r[key] if key.startswith("cpu_") else r["steps"].get(key)
+                for r in runs[side]]
         vals = [v for v in vals if v is not None]
         return round(statistics.median(vals), 2) if vals else None
 
@@ -144,7 +154,8 @@ def main(argv=None) -> int:
         b, a = f"before{suffix}", f"after{suffix}"
         steps = list(dict.fromkeys(k for side in (b, a) for r in runs[side] for k in r["steps"]))
         return {**{k: {"before": med(b, k), "after": med(a, k)} for k in steps},
-                "build": {"before": med(b, None), "after": med(a, None)}}
+                "build": {"before": med(b, None), "after": med(a, None)},
+                **{k: {"before": med(b, k), "after": med(a, k)} for k in ("cpu_busy_s", "cpu_floor_s")}}
 
     out = {"combo": combo.id, "base": f"{args.base} ({rev})", "engine": engine.describe(), "cpus": os.cpu_count(),
            "repeat": args.repeat, "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -57,6 +57,22 @@ def envbuild(*args: str, env=None) -> tuple[float, subprocess.CompletedProcess]:
     return time.monotonic() - t, p
 
 
+def cpu_times() -> tuple[float, float]:
+    """(busy, iowait) CPU-seconds of the whole machine since boot, from /proc/stat: a build's work
+    runs in dockerd, BuildKit and the step containers, not in this process's children."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    idle, iowait = fields[3], fields[4]
+    return (sum(fields[:8]) - idle - iowait) / hz, iowait / hz
+
+
+def cpu_used(before: tuple[float, float]) -> dict:
+    """CPU-seconds the machine spent busy since `before`, and the wall time that work needs at the
+    least on every core (busy / cores): a build can get no faster than that by overlapping alone."""
+    busy, iowait = (round(a - b, 1) for a, b in zip(cpu_times(), before))
+    return {"cpu_busy_s": busy, "cpu_iowait_s": iowait, "cpu_floor_s": round(busy / (os.cpu_count() or 1), 1)}
+
+
 def latest(results: Path, combo_id: str):
     from envbuild.record import latest_by_combo
 
