@@ -70,7 +70,8 @@ def cpu_used(before: tuple[float, float]) -> dict:
     """CPU-seconds the machine spent busy since `before`, and the wall time that work needs at the
     least on every core (busy / cores): a build can get no faster than that by overlapping alone."""
     busy, iowait = (round(a - b, 1) for a, b in zip(cpu_times(), before))
-    return {"cpu_busy_s": busy, "cpu_iowait_s": iowait, "cpu_floor_s": round(busy / (os.cpu_count() or 1), 1)}
+    return {"cpu_busy_s": busy, "cpu_iowait_s": iowait, "cpu_floor_s": round(busy / (os.cpu_count() or 1), 1),
+            "load": _load()}
 
 
 def latest(results: Path, combo_id: str):
