@@ -1,6 +1,6 @@
 """The contract level judged in a process of its own beside the gpu level (the gpu level's CPU
 rehearsal here): the verdict, its order and its level files are those of the levels run one after
-another, read ahead or not; a failed contract level with --stop-at-failure leaves no gpu level; a
+another, read ahead or not, the model's modules imported ahead or not; a failed contract level with --stop-at-failure leaves no gpu level; a
 contract process that dies is an error; a hang in it is killed with the probe."""
 
 from __future__ import annotations
@@ -65,6 +65,9 @@ def test_side_by_side_gives_the_verdict_of_levels_in_a_row(tmp_path):
     assert "contract_wait" not in one["timings"]
     assert "contract" in one["timings"] and "contract" in two["timings"]
     assert "prefetch" in two["timings"] and "prefetch" not in one["timings"]
+    # The tiny model's modules are imported ahead only beside a contract level in another process
+    # (probe/warmup.py): the serial side imports them in its own contract level.
+    assert "warm_import" in two["timings"] and "warm_import" not in one["timings"]
 
 
 def test_a_failed_contract_level_beside_the_gpu_level_stops_it(tmp_path):

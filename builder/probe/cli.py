@@ -9,7 +9,7 @@ import sys
 import time
 import traceback
 
-from . import prefetch, sidebyside
+from . import prefetch, sidebyside, warmup
 from .verdict import ERROR, FAIL, Verdict, write_json
 from .vocab import ENGINE, ENGINES, EXIT_INFRA, EXIT_OF_STATUS, EXPECT_KEYS, LEVELS
 
@@ -61,10 +61,13 @@ def run(args: argparse.Namespace) -> Verdict:
         # Its child readers start with the contract level, beside verl's import: while torch
         # imports, `pip check` already takes the second core (bench/probe_speed.json).
         from .contract import run_contract
+    side = "gpu" in upto and not args.only and sidebyside.wanted(side_by_side(args))
     if "gpu" in upto:
         from . import engines, extcheck, tiny_model, train  # noqa: F401  (imported lazily by the levels)
         from .gpu_level import GpuOptions, run_gpu
-        _warm_cuda(args.engine_dtype)
+        # The tiny model's modules only where no level of this process imports the stack before
+        # the gpu level (warmup.py says why).
+        warmup.start(args.engine_dtype, tiny_model.MODULES if side and warmup.wanted() else ())
     steps = {"env": lambda t: run_env(t, expect, args.engine)}
     if "contract" in upto:
         steps["contract"] = lambda t: run_contract(t, expect, args.engine)
@@ -74,7 +77,7 @@ def run(args: argparse.Namespace) -> Verdict:
                          seed=args.seed, scratch=args.scratch)
         steps["gpu"] = lambda t: run_gpu(t, expect, args.engine, opt)
     child = None
-    if "gpu" in upto and not args.only and sidebyside.wanted(side_by_side(args)):
+    if side:
         child = sidebyside.ContractChild(args.engine, expect)  # its imports start now, on another core
     try:
         for lv in upto:
@@ -102,6 +105,7 @@ def run(args: argparse.Namespace) -> Verdict:
         done = ahead.result() if ahead is not None else None  # ended by now, else stopped
         if done is not None:
             v.timings["prefetch"] = done["seconds"]
+        v.timings.update(warmup.timings())
     return v
 
 
@@ -129,36 +133,6 @@ def _level(v: Verdict, lv: str, step) -> bool:
 # Offline and quiet: the probe must never reach a hub, and progress bars only clutter the logs.
 QUIET_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
              "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false", "TQDM_DISABLE": "1"}
-
-
-def _warm_cuda(dtype: str) -> None:
-    """Create the CUDA context and load the kernels of the gpu level's first steps in a thread while
-    the levels below import their modules: context creation, cuBLAS's handles and the attention
-    kernels' first launch are seconds of the gpu level's wall time on a fresh node (the hf rollout's
-    first SDPA call alone took 0.65 s on the H200, bench/probe_ab_h200.json), and torch
-    releases the GIL while it waits on them."""
-    import threading
-
-    def warm():
-        try:
-            import torch
-            if not torch.cuda.is_available():
-                return
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))  # this thread only
-            x = torch.ones(64, 64, device="cuda")
-            (x @ x).sum().item()
-            # The tiny model's shapes in the engine's dtype (tiny_model.py: head_dim 64): a bf16
-            # GEMM, causal attention, the sampler's softmax and draw.
-            dt = getattr(torch, dtype)
-            w = torch.randn(128, 128, device="cuda", dtype=dt)
-            q = torch.randn(1, 2, 8, 64, device="cuda", dtype=dt)
-            torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
-            torch.multinomial(torch.softmax((w @ w).float(), -1), 1)
-            torch.cuda.synchronize()
-        except BaseException:
-            pass  # the gpu level reports whatever is wrong with CUDA
-
-    threading.Thread(target=warm, name="probe-cuda-warmup", daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> int:

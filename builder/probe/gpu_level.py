@@ -134,7 +134,7 @@ class _State:
     # -- the run
     def run(self):
         torch, opt, v = self.torch, self.opt, self.v
-        from . import tiny_model, train
+        from . import tiny_model, train, warmup
         from .engines import ENGINES
         self.rank = int(os.environ.get("RANK", 0))
         local = int(os.environ.get("LOCAL_RANK", 0))
@@ -151,7 +151,11 @@ class _State:
         scratch = self.tmpdir = tempfile.mkdtemp(prefix="envbuild-probe-", dir=opt.scratch)
         model_dir = os.path.join(scratch, f"tiny-model-rank{self.rank}")
 
-        model, tok, eos, pad = self.stage("build_model", lambda: tiny_model.build(model_dir, opt.seed))
+        def build():
+            warmup.wait()  # its imports of the model's modules, when it makes them, end first
+            return tiny_model.build(model_dir, opt.seed)
+
+        model, tok, eos, pad = self.stage("build_model", build)
         self.check("gpu:build-model", PASS, f"Qwen2 {sum(p.numel() for p in model.parameters())} params, "
                                             f"vocab {tok.get_vocab_size()}, saved to {model_dir}")
         # After saving: transformers 5 writes checkpoints only on rank 0 once a process group exists.

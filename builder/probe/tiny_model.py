@@ -15,6 +15,8 @@ PROMPTS = ("the policy gradient of the reward model is", "alpha beta gamma delta
            "sigma tau upsilon phi chi psi omega is the end", "it was the token that was in the rollout of it",
            "from this model to that model and to the policy", "kappa lambda mu nu xi omicron pi rho sigma tau")
 HIDDEN, LAYERS, HEADS, KV_HEADS, INTER = 128, 2, 2, 1, 256  # head_dim 64: every attention backend has it
+# What build() imports, in the order it does (the probe's warm-up imports them ahead of it).
+MODULES = ("tokenizers", "transformers", "transformers.models.qwen2.modeling_qwen2")
 
 
 def _corpus(n: int = 400) -> list[str]:
