@@ -18,7 +18,7 @@ import os
 import threading
 import time
 
-_threads: list[threading.Thread] = []
+_thread: threading.Thread | None = None
 _seconds: dict[str, float] = {}
 
 
@@ -28,38 +28,34 @@ def wanted(choice: str | None = None) -> bool:
 
 
 def start(dtype: str, modules: tuple[str, ...] = ()) -> None:
-    """Start the threads: one for CUDA (torch releases the GIL while it waits on the device), one
-    importing `modules` in order. Two, because on a cold node the CUDA one alone took 6-7 s, as
-    long as the env level: imports queued behind it overlapped nothing (2026-12-06, H100)."""
-    def cuda():
+    """Start the thread: CUDA first (torch releases the GIL while it waits on the device), then
+    `modules` in order."""
+    global _thread
+
+    def warm():
         t0 = time.perf_counter()
         try:
             _cuda(dtype)
         except BaseException:
             pass  # the gpu level reports whatever is wrong with CUDA
         _seconds["warm_cuda"] = round(time.perf_counter() - t0, 4)
-
-    def imports():
         t0 = time.perf_counter()
         for name in modules:
             try:
                 importlib.import_module(name)
             except BaseException:
                 break  # the gpu level imports it again and reports what is wrong
-        _seconds["warm_import"] = round(time.perf_counter() - t0, 4)
+        if modules:
+            _seconds["warm_import"] = round(time.perf_counter() - t0, 4)
 
-    for name, fn in (("cuda", cuda), ("import", imports)):
-        if name == "import" and not modules:
-            continue
-        t = threading.Thread(target=fn, name=f"probe-warmup-{name}", daemon=True)
-        t.start()
-        _threads.append(t)
+    _thread = threading.Thread(target=warm, name="probe-warmup", daemon=True)
+    _thread.start()
 
 
 def wait() -> None:
-    """Until the threads have ended (at once when none was started)."""
-    for t in _threads:
-        t.join()
+    """Until the thread has ended (at once when none was started)."""
+    if _thread is not None:
+        _thread.join()
 
 
 def timings() -> dict[str, float]:
