@@ -1,9 +1,10 @@
 """Work for the gpu level started as the probe starts, in a thread of its own, while the levels
-below import their modules: the CUDA context and the first steps' kernels, and, where no other
+below import their modules: the CUDA context and the first steps' kernels, then, where no other
 level of this process imports the stack before the gpu level, the modules the tiny model is built
-with (transformers' Qwen2, tokenizers: 2-4 s of the hf gpu level on a cold node, spent while env's
-`pip check` runs in a child and this process waits). A failure here is never reported from here:
-the gpu level does the same work again and reports it.
+with (transformers' Qwen2, tokenizers: 3-5 s of the hf gpu level's model build on a cold node).
+One thread, CUDA first: imports in a thread of their own beside env's slowed env more than they
+gained (they share the GIL; bench/probe_warm_import_h100.json). A failure here is never reported
+from here: the gpu level does the same work again and reports it.
 
 The module imports must have the stack to themselves: two threads importing transformers at once
 can hand one of them a half-initialised module (its lazy, circular imports), which would read as
