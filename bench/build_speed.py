@@ -3,9 +3,9 @@
 rendering of the same combination, side by side from a cold cache, on the same base.
 
 Prints a table and writes JSON (bench/build_speed.json by default):
-  - cold build time of each and their ratio (goal: envbuild <= 0.25x naive)
+  - cold build time of each and their ratio (goal: envbuild <= 0.35x naive, GOALS)
   - image sizes (goal: envbuild smaller)
-  - a second combination sharing torch, built after the first (goal: <= 0.05x a cold build)
+  - a second combination sharing torch, built after the first (goal: <= 0.08x the cold build)
     and the bytes each first image shares with it
   - a no-op rebuild of the already-built combinations (goal: <= 2 s per combination)
   - push to the local registry, against the floors measured in the same run (reading the image;
