@@ -10,7 +10,8 @@
 # LEVEL=env (or contract) tries the script off a GPU node.
 # VAR names the variable the modes set (default ENVBUILD_PROBE_SIDE_BY_SIDE): VAR=ENVBUILD_PROBE_PREFETCH
 # MODES="1 0" compares the probe's read-ahead with none (probe/prefetch.py).
-# VAR=ENVBUILD_PROBE_WARM_IMPORT MODES="yes no": the tiny model's modules imported ahead or not (probe/warmup.py).
+# VAR=ENVBUILD_PROBE_WARM_IMPORT MODES="after beside no": the tiny model's modules imported after CUDA, beside it, or not
+# (probe/warmup.py).
 # Prints one line per run and writes $OUT/modes.json (every run's status, checks and timings).
 set -u
 py=${1:-/tmp/row-venv/bin/python}; out=/tmp/modes; mkdir -p "$out" /tmp/eb "${OUT:=/tmp/modes-out}"

@@ -20,13 +20,17 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 
-def _probe(tmp_path, side: str, *extra: str, site=None, prefetch: str | None = None) -> tuple[dict, dict]:
-    out, levels = tmp_path / f"{side}.json", tmp_path / f"levels-{side}"
+def _probe(tmp_path, side: str, *extra: str, site=None, prefetch: str | None = None,
+           warm: str | None = None) -> tuple[dict, dict]:
+    tag = side + (f"-{warm}" if warm else "")
+    out, levels = tmp_path / f"{tag}.json", tmp_path / f"levels-{tag}"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in (site,) if p)}
-    env.pop("ENVBUILD_PROBE_SIDE_BY_SIDE", None)
-    env.pop("ENVBUILD_PROBE_PREFETCH", None)
+    for k in ("ENVBUILD_PROBE_SIDE_BY_SIDE", "ENVBUILD_PROBE_PREFETCH", "ENVBUILD_PROBE_WARM_IMPORT"):
+        env.pop(k, None)
     if prefetch:
         env["ENVBUILD_PROBE_PREFETCH"] = prefetch
+    if warm:
+        env["ENVBUILD_PROBE_WARM_IMPORT"] = warm
     p = subprocess.run([sys.executable, "-m", "envbuild.probe", "--level", "gpu", "--engine", "hf", "--side-by-side",
                         side, "--json", str(out), "--levels-dir", str(levels), *extra],
                        capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
@@ -49,9 +53,13 @@ def _fake_verl(root, broken: str) -> object:
 
 
 def test_side_by_side_gives_the_verdict_of_levels_in_a_row(tmp_path):
-    # The read-ahead (probe/prefetch.py) changes no verdict either: one side reads ahead.
+    # The read-ahead (probe/prefetch.py) changes no verdict either: one side reads ahead; nor do
+    # the model's modules imported in a thread of their own (probe/warmup.py, beside).
     one, lv_one = _probe(tmp_path, "no", prefetch="no")
     two, lv_two = _probe(tmp_path, "yes", prefetch="yes")
+    three, lv_three = _probe(tmp_path, "yes", warm="beside")
+    assert three["status"] == "pass" and _checks(three) == _checks(two) and sorted(lv_three) == sorted(lv_two)
+    assert "warm_import" in three["timings"]
     assert one["status"] == two["status"] == "pass"
     assert _checks(one) == _checks(two) and len(_checks(two)) > 20
     assert [c[2] for c in _checks(two)] == sorted((c[2] for c in _checks(two)), key=LEVELS.index)

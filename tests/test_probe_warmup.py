@@ -1,6 +1,7 @@
 """probe/warmup.py: the gpu level's work started ahead in a thread; a module that fails to import
 stops the imports quietly (the gpu level imports it again and reports it), `wait` ends with the
-thread, and ENVBUILD_PROBE_WARM_IMPORT=no turns the imports off."""
+thread(s), ENVBUILD_PROBE_WARM_IMPORT=beside imports in a thread of their own once torch is in, =no turns
+the imports off, and a value it does not know is a one-line error."""
 
 from __future__ import annotations
 
@@ -42,8 +43,32 @@ def test_without_modules_only_cuda_is_warmed_and_the_switch():
         warmup.wait()  # nothing started: returns at once
         warmup.start("float32")
         warmup.wait()
-        print(sorted(warmup.timings()), warmup.wanted(), warmup.wanted("no"))
+        print(sorted(warmup.timings()), warmup.how(), warmup.how("yes"), warmup.how("beside"), warmup.how("no"))
     """)
-    assert out.strip() == "['warm_cuda'] True False"
-    assert _run("from envbuild.probe import warmup; print(warmup.wanted())",
-                {"ENVBUILD_PROBE_WARM_IMPORT": "no"}).strip() == "False"
+    assert out.split() == ["['warm_cuda']", "after", "after", "beside", "no"]
+    assert _run("from envbuild.probe import warmup; print(warmup.how())",
+                {"ENVBUILD_PROBE_WARM_IMPORT": "no"}).strip() == "no"
+
+
+def test_beside_imports_in_a_thread_of_their_own_once_torch_is_in(tmp_path):
+    # The module notes, as it is imported, its thread and whether torch was imported already.
+    (tmp_path / "warm_probe_mod.py").write_text(
+        "import sys, threading\nSEEN = (threading.current_thread().name, 'torch' in sys.modules)\n")
+    out = _run(f"""
+        import sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        from envbuild.probe import warmup
+        warmup.start("float32", ("warm_probe_mod",), beside=True)
+        warmup.wait()
+        import warm_probe_mod
+        print(*warm_probe_mod.SEEN, sorted(warmup.timings()))
+    """)
+    assert out.split() == ["probe-warm-import", "True", "['warm_cuda',", "'warm_import']"]
+
+
+def test_a_bad_switch_value_is_a_one_line_error_before_any_work():
+    p = subprocess.run([sys.executable, "-m", "envbuild.probe", "--level", "env", "--engine", "hf"], capture_output=True, text=True,
+                       env={**os.environ, "ENVBUILD_PROBE_WARM_IMPORT": "sideways"}, timeout=120)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == [
+        "envbuild-probe: ENVBUILD_PROBE_WARM_IMPORT='sideways': expected one of after, beside, no (or yes)"]

@@ -67,7 +67,8 @@ def run(args: argparse.Namespace) -> Verdict:
         from .gpu_level import GpuOptions, run_gpu
         # The tiny model's modules only where no level of this process imports the stack before
         # the gpu level (warmup.py says why).
-        warmup.start(args.engine_dtype, tiny_model.MODULES if side and warmup.wanted() else ())
+        warm = warmup.how()
+        warmup.start(args.engine_dtype, tiny_model.MODULES if side and warm != "no" else (), beside=warm == "beside")
     steps = {"env": lambda t: run_env(t, expect, args.engine)}
     if "contract" in upto:
         steps["contract"] = lambda t: run_contract(t, expect, args.engine)
@@ -146,6 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.n < 2:
         print("envbuild-probe: -n must be >= 2 (GRPO needs a group)", file=sys.stderr)
         return 2  # bad input, as on the host
+    try:
+        warmup.how()
+    except ValueError as e:
+        print(f"envbuild-probe: {e}", file=sys.stderr)
+        return 2
     v = run(args)
     d = v.to_dict()
     d["timings"]["process"] = round(time.time() - _process_start(), 4)

@@ -1,10 +1,11 @@
-"""Work for the gpu level started as the probe starts, in a thread of its own, while the levels
-below import their modules: the CUDA context and the first steps' kernels, then, where no other
-level of this process imports the stack before the gpu level, the modules the tiny model is built
-with (transformers' Qwen2, tokenizers: 3-5 s of the hf gpu level's model build on a cold node).
-One thread, CUDA first: imports in a thread of their own beside env's slowed env more than they
-gained (they share the GIL; bench/probe_warm_import_h100.json). A failure here is never reported
-from here: the gpu level does the same work again and reports it.
+"""Work for the gpu level started as the probe starts, while the levels below import their
+modules: the CUDA context and the first steps' kernels, then, where no other level of this process
+imports the stack before the gpu level, the modules the tiny model is built with (transformers'
+Qwen2, tokenizers: 3-5 s of the hf gpu level's model build on a cold node). After CUDA in the same
+thread, or beside it in a second thread started once torch is imported: a thread of their own
+from the probe's start had slowed env's torch import (the GIL) for no gain on a CPU machine
+(bench/probe_warm_import_h100.json), but once torch is in, CUDA's start mostly waits on the driver.
+A failure here is never reported from here: the gpu level does the same work again and reports it.
 
 The module imports must have the stack to themselves: two threads importing transformers at once
 can hand one of them a half-initialised module (its lazy, circular imports), which would read as
@@ -19,44 +20,65 @@ import os
 import threading
 import time
 
-_thread: threading.Thread | None = None
+_threads: list[threading.Thread] = []
 _seconds: dict[str, float] = {}
+# after: the imports follow CUDA in the warm-up thread. beside: they run in a second thread from
+# the moment torch is imported, overlapping CUDA's start (torch releases the GIL while it waits on
+# the driver); measured one against the other in bench/probe_warm_import_*.json.
+HOW = ("after", "beside", "no")
+DEFAULT = "after"
 
 
-def wanted(choice: str | None = None) -> bool:
-    """ENVBUILD_PROBE_WARM_IMPORT: yes (the default) or no, for measuring one against the other."""
-    return (choice or os.environ.get("ENVBUILD_PROBE_WARM_IMPORT") or "yes") != "no"
+def how(choice: str | None = None) -> str:
+    """ENVBUILD_PROBE_WARM_IMPORT: after (the default; yes means the same), beside or no."""
+    choice = choice or os.environ.get("ENVBUILD_PROBE_WARM_IMPORT") or DEFAULT
+    choice = DEFAULT if choice == "yes" else choice
+    if choice not in HOW:
+        raise ValueError(f"ENVBUILD_PROBE_WARM_IMPORT={choice!r}: expected one of {', '.join(HOW)} (or yes)")
+    return choice
 
 
-def start(dtype: str, modules: tuple[str, ...] = ()) -> None:
-    """Start the thread: CUDA first (torch releases the GIL while it waits on the device), then
-    `modules` in order."""
-    global _thread
+def start(dtype: str, modules: tuple[str, ...] = (), beside: bool = False) -> None:
+    """Start the warm-up: CUDA, then `modules` in order, in the same thread, or, `beside`, in a
+    thread of their own started once torch is imported."""
 
-    def warm():
-        t0 = time.perf_counter()
-        try:
-            _cuda(dtype)
-        except BaseException:
-            pass  # the gpu level reports whatever is wrong with CUDA
-        _seconds["warm_cuda"] = round(time.perf_counter() - t0, 4)
+    def imports():
         t0 = time.perf_counter()
         for name in modules:
             try:
                 importlib.import_module(name)
             except BaseException:
                 break  # the gpu level imports it again and reports what is wrong
-        if modules:
-            _seconds["warm_import"] = round(time.perf_counter() - t0, 4)
+        _seconds["warm_import"] = round(time.perf_counter() - t0, 4)
 
-    _thread = threading.Thread(target=warm, name="probe-warmup", daemon=True)
-    _thread.start()
+    def warm():
+        t0 = time.perf_counter()
+        try:
+            if modules and beside:
+                import torch  # noqa: F401  (the imports below need it; CUDA waits on it too)
+                _spawn(imports, "probe-warm-import")
+            _cuda(dtype)
+        except BaseException:
+            pass  # the gpu level reports whatever is wrong with CUDA
+        _seconds["warm_cuda"] = round(time.perf_counter() - t0, 4)
+        if modules and not beside:
+            imports()
+
+    _spawn(warm, "probe-warmup")
+
+
+def _spawn(fn, name: str) -> None:
+    t = threading.Thread(target=fn, name=name, daemon=True)
+    _threads.append(t)
+    t.start()
 
 
 def wait() -> None:
-    """Until the thread has ended (at once when none was started)."""
-    if _thread is not None:
-        _thread.join()
+    """Until every warm-up thread has ended (at once when none was started)."""
+    for t in list(_threads):  # the imports' thread is appended while the first one runs
+        t.join()
+    for t in list(_threads):
+        t.join()
 
 
 def timings() -> dict[str, float]:
