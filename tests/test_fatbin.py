@@ -92,3 +92,57 @@ def test_nvidia_libraries_are_shown_but_not_judged(nvidia, tmp_path):
     cov = image_coverage([str(site)])
     assert "nvidia/curand" in cov["packages"] and cov["judged"] == []  # shown, not judged
     assert "sm_90" in cov["supports"] and cov["lacking"] == {}
+
+
+def _curand_site(nvidia, tmp_path) -> Path:
+    root, _ = nvidia
+    site = tmp_path / "site-packages"
+    lib = next(root.rglob("libcurand.so*"))
+    (site / "nvidia" / "curand" / "lib").mkdir(parents=True)
+    os.link(lib, site / "nvidia" / "curand" / "lib" / lib.name)
+    return site
+
+
+class _Torch:  # what env's gpu-arch check reads of torch
+    def __init__(self, cuda):
+        self.version = type("version", (), {"cuda": cuda})
+
+
+@pytest.mark.network
+def test_env_reads_the_coverage_in_a_child_with_the_same_answer(nvidia, tmp_path, monkeypatch):
+    # env_level starts the read beside torch's import; a child that breaks is read again in-process.
+    import time
+
+    from envbuild.probe import env_level
+    from envbuild.probe.fatbin import image_coverage
+    from envbuild.probe.verdict import Verdict
+
+    site = _curand_site(nvidia, tmp_path)
+    monkeypatch.setattr(env_level, "site_roots", lambda: [str(site)])
+    want = image_coverage([str(site)])
+    assert "sm_90" in want["supports"]
+    monkeypatch.setattr(env_level, "dist_version", lambda name: "2.11.0+cpu")
+    assert env_level._start_gpu_arch() is None  # a CPU build of torch: no child
+    monkeypatch.setattr(env_level, "dist_version", lambda name: "2.11.0")
+    child = env_level._start_gpu_arch()
+    assert child is not None and child[0].args[-1] == str(site)
+    v = Verdict(level="env", engine="hf", expect={})
+    env_level._check_gpu_arch(v, _Torch("13.0"), child)
+    assert v.hardware["gpu_arch"] == want and v.checks[-1].status == "pass"
+    broken = subprocess.Popen([sys.executable, "-c", "print('{half'); raise SystemExit(3)"],
+                              stdout=subprocess.PIPE, text=True)
+    assert env_level._coverage((broken, time.perf_counter())) == want
+
+
+def test_a_cpu_torch_stops_the_coverage_child():
+    import time
+
+    from envbuild.probe import env_level
+    from envbuild.probe.verdict import Verdict
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    v = Verdict(level="env", engine="hf", expect={})
+    t0 = time.perf_counter()
+    env_level._check_gpu_arch(v, _Torch(None), (child, t0))
+    assert child.returncode is not None and time.perf_counter() - t0 < 10
+    assert (v.checks[-1].name, v.checks[-1].status) == ("gpu-arch", "not-applicable")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata as md
+import json
 import os
 import platform
 import re
@@ -11,6 +12,7 @@ import sys
 import time
 
 from .classify import classify_exception
+from . import requirements
 from .fatbin import image_coverage
 from .vocab import ACCELERATORS, ENGINE, ENGINE_SPECS, Variant, parse_platform, parse_variant, variant_of
 from .verdict import FAIL, NOT_APPLICABLE, PASS, SKIPPED, Verdict
@@ -66,14 +68,51 @@ def site_roots() -> list[str]:
     return [p for p in dict.fromkeys(sys.path) if p.endswith(("site-packages", "dist-packages")) and os.path.isdir(p)]
 
 
-def _check_gpu_arch(v: Verdict, torch) -> None:
+def _start_gpu_arch():
+    """The coverage read in a process of its own, started with env: a CPU build of torch (by its
+    version's local tag) needs none."""
+    if "+cpu" in (dist_version("torch") or ""):
+        return None
+    from .spawn import child_env, package
+    try:
+        return subprocess.Popen([sys.executable, "-m", f"{package()}.fatbin", *sorted(site_roots())],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=child_env(),
+                                cwd="/"), time.perf_counter()
+    except OSError:
+        return None
+
+
+def _coverage(started) -> dict:
+    """The child's answer; read here when it broke (the same function, so the same answer)."""
+    if started is not None:
+        proc, _ = started
+        try:
+            out, _ = proc.communicate(timeout=180)
+        except subprocess.TimeoutExpired:
+            _stop(started)
+            out = ""
+        try:
+            if proc.returncode == 0:
+                return json.loads(out)
+        except ValueError:
+            pass
+    return image_coverage(sorted(site_roots()))
+
+
+def _stop(started) -> None:
+    if started is not None:
+        started[0].kill()
+        started[0].communicate()
+
+
+def _check_gpu_arch(v: Verdict, torch, started=None) -> None:
     """Which GPUs every native extension of this environment has kernels for (no GPU needed)."""
-    t0 = time.perf_counter()
+    t0 = started[1] if started is not None else time.perf_counter()
     if not torch.version.cuda:
+        _stop(started)
         v.add("gpu-arch", NOT_APPLICABLE, "CPU build of torch")
         return
-    roots = sorted(site_roots())
-    cov = image_coverage(roots)
+    cov = _coverage(started)
     v.hardware["gpu_arch"] = cov
     v.hardware["min_shm_bytes"] = MIN_SHM_BYTES
     limits = {sm: pkgs for sm, pkgs in cov["lacking"].items() if int(sm[3:]) >= 80}
@@ -86,7 +125,8 @@ def _check_gpu_arch(v: Verdict, torch) -> None:
 
 
 def run_env(v: Verdict, expect: dict, engine: str) -> None:
-    pip_check = _start_pip_check()  # a separate process: runs while torch imports
+    pip_check = _start_pip_check()  # separate processes: they run while torch imports
+    gpu_arch = _start_gpu_arch()
     v.versions["python"] = platform.python_version()
     v.versions["glibc"] = "-".join(platform.libc_ver()) or None
     v.add("python", PASS, f"{sys.executable} {platform.python_version()}")
@@ -105,6 +145,7 @@ def run_env(v: Verdict, expect: dict, engine: str) -> None:
         c = classify_exception(e, engine)
         v.add("import-torch", c.status, c.detail, c.cause, time.perf_counter() - t0)
         _check_pip(v, pip_check)
+        _stop(gpu_arch)
         return
     v.timings["import_torch"] = round(time.perf_counter() - t0, 4)
     v.versions["torch"] = torch.__version__
@@ -130,7 +171,7 @@ def run_env(v: Verdict, expect: dict, engine: str) -> None:
 
     _check_cudnn(v, torch)
     _check_nccl(v, torch)
-    _check_gpu_arch(v, torch)
+    _check_gpu_arch(v, torch, gpu_arch)
 
     abi = bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", False))
     v.versions["cxx11_abi"] = abi
@@ -238,64 +279,48 @@ def _check_nccl(v: Verdict, torch) -> None:
           "nccl-mismatch" if problems else None, time.perf_counter() - t0)
 
 
+OWN_CHECK = "requirements of installed distributions"
+
+
 def _start_pip_check():
+    """`pip check` where pip is installed, else requirements.py's reading of the same (uv-made
+    environments have no pip), in a process of its own: it runs while torch imports."""
     # Ask the metadata, never `import pip`: a failed import of pip flips setuptools' distutils shim
     # into pip mode, and a later `import setuptools` (verl -> pkg_resources) then dies on an assertion.
-    if dist_version("pip") is None:
-        return None  # uv-made environments have no pip
+    from .spawn import child_env, package
+    if dist_version("pip") is not None:
+        how, cmd = "pip check", [sys.executable, "-m", "pip", "check", "--disable-pip-version-check"]
+        env = {**os.environ, "PIP_NO_INPUT": "1"}
+    else:
+        how, cmd, env = OWN_CHECK, [sys.executable, "-m", f"{package()}.requirements"], child_env()
     try:
-        return subprocess.Popen([sys.executable, "-m", "pip", "check", "--disable-pip-version-check"],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env={**os.environ, "PIP_NO_INPUT": "1"}), time.perf_counter()
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                cwd="/"), time.perf_counter(), how
     except OSError:
         return None
 
 
 def _check_pip(v: Verdict, started) -> None:
     t0 = time.perf_counter()
+    problems, how = None, OWN_CHECK
     if started is not None:
-        proc, t0 = started
+        proc, t0, how = started
         try:
             out, _ = proc.communicate(timeout=180)
         except subprocess.TimeoutExpired:
             proc.kill()
             out, _ = proc.communicate()
-        problems = [] if proc.returncode == 0 else [ln for ln in out.strip().splitlines() if ln.strip()]
-        how = "pip check"
-    else:
-        problems, how = _own_pip_check(), "requirements of installed distributions"
+        lines = [ln for ln in out.strip().splitlines() if ln.strip()]
+        if how == "pip check":
+            problems = [] if proc.returncode == 0 else lines
+        elif proc.returncode in (0, 1):
+            problems = lines
+        elif proc.returncode != requirements.NO_PACKAGING:
+            started = None  # the child broke, not the stack: read it here
+    if started is None:
+        problems = requirements.problems()
     if problems is None:
         v.add("pip-check", SKIPPED, "neither pip nor packaging is installed", seconds=time.perf_counter() - t0)
     else:
         v.add("pip-check", FAIL if problems else PASS, "\n".join(problems[:30]) or f"{how}: no broken requirements",
               "broken-requirements" if problems else None, time.perf_counter() - t0)
-
-
-def _own_pip_check() -> list[str] | None:
-    """What `pip check` does, for environments made by uv (no pip): every Requires-Dist satisfied."""
-    try:
-        from packaging.requirements import InvalidRequirement, Requirement
-        from packaging.utils import canonicalize_name
-    except ImportError:
-        return None
-    installed = {}
-    for d in md.distributions():
-        name = d.metadata["Name"]
-        if name:
-            installed[canonicalize_name(name)] = d.version
-    problems = []
-    for d in md.distributions():
-        name = d.metadata["Name"]
-        for req in d.requires or []:
-            try:
-                r = Requirement(req)
-            except InvalidRequirement:
-                continue
-            if r.marker is not None and not r.marker.evaluate({"extra": ""}):
-                continue
-            seen = installed.get(canonicalize_name(r.name))
-            if seen is None:
-                problems.append(f"{name} {d.version} requires {r.name}, which is not installed.")
-            elif r.specifier and not r.specifier.contains(seen, prereleases=True):
-                problems.append(f"{name} {d.version} has requirement {r}, but you have {r.name} {seen}.")
-    return sorted(set(problems))

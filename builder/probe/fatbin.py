@@ -195,3 +195,17 @@ def image_coverage(site_dirs) -> dict:
     return {"packages": {k: v.to_dict() for k, v in sorted(per_pkg.items())}, "judged": sorted(judged),
             "supports": [f"sm_{cc}" for cc in ok],
             "lacking": {f"sm_{cc}": pkgs for cc, pkgs in missing.items()}}
+
+
+def main(argv: list[str]) -> int:
+    """`python -m ….fatbin ROOT…`: image_coverage of the roots as one JSON line. env starts it
+    beside torch's import: reading every extension's ELF is seconds of Python that would
+    otherwise hold the GIL the gpu level's warm-up needs (bench/probe_warm_import_h100.json)."""
+    import json
+    print(json.dumps(image_coverage(argv)))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main(sys.argv[1:]))
