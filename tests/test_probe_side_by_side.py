@@ -54,10 +54,11 @@ def _fake_verl(root, broken: str) -> object:
 
 def test_side_by_side_gives_the_verdict_of_levels_in_a_row(tmp_path):
     # The read-ahead (probe/prefetch.py) changes no verdict either: one side reads ahead; nor do
-    # the model's modules imported in a thread of their own (probe/warmup.py, beside).
+    # the model's modules imported behind CUDA in its thread (probe/warmup.py, after) rather than
+    # beside it (the default).
     one, lv_one = _probe(tmp_path, "no", prefetch="no")
     two, lv_two = _probe(tmp_path, "yes", prefetch="yes")
-    three, lv_three = _probe(tmp_path, "yes", warm="beside")
+    three, lv_three = _probe(tmp_path, "yes", warm="after")
     assert three["status"] == "pass" and _checks(three) == _checks(two) and sorted(lv_three) == sorted(lv_two)
     assert "warm_import" in three["timings"]
     assert one["status"] == two["status"] == "pass"

@@ -1,7 +1,7 @@
 """probe/warmup.py: the gpu level's work started ahead in a thread; a module that fails to import
 stops the imports quietly (the gpu level imports it again and reports it), `wait` ends with the
-thread(s), ENVBUILD_PROBE_WARM_IMPORT=beside imports in a thread of their own once torch is in, =no turns
-the imports off, and a value it does not know is a one-line error."""
+thread(s), ENVBUILD_PROBE_WARM_IMPORT=beside (the default) imports in a thread of their own once torch
+is in, =after behind CUDA in its thread, =no turns the imports off, and a value it does not know is a one-line error."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 import textwrap
+
+import pytest
 
 
 def _run(code: str, env_extra: dict | None = None) -> str:
@@ -43,14 +45,15 @@ def test_without_modules_only_cuda_is_warmed_and_the_switch():
         warmup.wait()  # nothing started: returns at once
         warmup.start("float32")
         warmup.wait()
-        print(sorted(warmup.timings()), warmup.how(), warmup.how("yes"), warmup.how("beside"), warmup.how("no"))
+        print(sorted(warmup.timings()), warmup.how(), warmup.how("yes"), warmup.how("after"), warmup.how("no"))
     """)
-    assert out.split() == ["['warm_cuda']", "after", "after", "beside", "no"]
+    assert out.split() == ["['warm_cuda']", "beside", "beside", "after", "no"]
     assert _run("from envbuild.probe import warmup; print(warmup.how())",
                 {"ENVBUILD_PROBE_WARM_IMPORT": "no"}).strip() == "no"
 
 
 def test_beside_imports_in_a_thread_of_their_own_once_torch_is_in(tmp_path):
+    pytest.importorskip("torch")  # the second thread starts once torch is imported
     # The module notes, as it is imported, its thread and whether torch was imported already.
     (tmp_path / "warm_probe_mod.py").write_text(
         "import sys, threading\nSEEN = (threading.current_thread().name, 'torch' in sys.modules)\n")
@@ -71,4 +74,4 @@ def test_a_bad_switch_value_is_a_one_line_error_before_any_work():
                        env={**os.environ, "ENVBUILD_PROBE_WARM_IMPORT": "sideways"}, timeout=120)
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == [
-        "envbuild-probe: ENVBUILD_PROBE_WARM_IMPORT='sideways': expected one of after, beside, no (or yes)"]
+        "envbuild-probe: ENVBUILD_PROBE_WARM_IMPORT='sideways': expected one of beside, after, no (or yes)"]

@@ -1,10 +1,11 @@
 """Work for the gpu level started as the probe starts, while the levels below import their
 modules: the CUDA context and the first steps' kernels, then, where no other level of this process
 imports the stack before the gpu level, the modules the tiny model is built with (transformers'
-Qwen2, tokenizers: 3-5 s of the hf gpu level's model build on a cold node). After CUDA in the same
-thread, or beside it in a second thread started once torch is imported: a thread of their own
-from the probe's start had slowed env's torch import (the GIL) for no gain on a CPU machine
-(bench/probe_warm_import_h100.json), but once torch is in, CUDA's start mostly waits on the driver.
+Qwen2, tokenizers: 3-5 s of the hf gpu level's model build on a cold node). Beside CUDA in a
+second thread started once torch is imported (the default), or after it in the same thread: a
+thread of their own from the probe's start had slowed env's torch import (the GIL) for no gain on a
+CPU machine (bench/probe_warm_import_h100.json), but once torch is in, CUDA's start mostly waits on
+the driver (bench/probe_warm_beside_h100.json).
 A failure here is never reported from here: the gpu level does the same work again and reports it.
 
 The module imports must have the stack to themselves: two threads importing transformers at once
@@ -22,15 +23,16 @@ import time
 
 _threads: list[threading.Thread] = []
 _seconds: dict[str, float] = {}
-# after: the imports follow CUDA in the warm-up thread. beside: they run in a second thread from
-# the moment torch is imported, overlapping CUDA's start (torch releases the GIL while it waits on
-# the driver); measured one against the other in bench/probe_warm_import_*.json.
-HOW = ("after", "beside", "no")
-DEFAULT = "after"
+# beside: the imports run in a second thread from the moment torch is imported, overlapping CUDA's
+# start (torch releases the GIL while it waits on the driver); after: they follow CUDA in the
+# warm-up thread. Beside was faster cold in all six pairs of two rounds on H100s, once env's
+# GIL-bound reads had moved into children (bench/probe_warm_beside_h100.json).
+HOW = ("beside", "after", "no")
+DEFAULT = "beside"
 
 
 def how(choice: str | None = None) -> str:
-    """ENVBUILD_PROBE_WARM_IMPORT: after (the default; yes means the same), beside or no."""
+    """ENVBUILD_PROBE_WARM_IMPORT: beside (the default; yes means the same), after or no."""
     choice = choice or os.environ.get("ENVBUILD_PROBE_WARM_IMPORT") or DEFAULT
     choice = DEFAULT if choice == "yes" else choice
     if choice not in HOW:
