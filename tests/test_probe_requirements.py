@@ -70,3 +70,24 @@ def test_a_consistent_environment_passes_and_no_packaging_is_its_own_exit(tmp_pa
     (stub / "__init__.py").write_text("raise ImportError('no packaging here')\n")
     got = _ours({**os.environ, "PYTHONPATH": os.pathsep.join((str(tmp_path / "nopkg"), str(site)))})
     assert got.returncode == 3 and got.stdout == ""
+
+
+def test_a_check_child_that_dies_is_read_again_in_process_never_a_pass(tmp_path):
+    # A `pip check` killed at env's timeout (or crashed) prints nothing: that is no answer, and env
+    # reads the requirements itself, so a broken environment still fails.
+    from envbuild.probe import env_level
+    from envbuild.probe.verdict import Verdict
+    _dist(tmp_path, "eb-lonely", "1.0", ["eb-missing"], tag="py3-none-any")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        for how, code in (("pip check", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"),
+                          ("pip check", "import sys; sys.exit(2)"),
+                          (env_level.OWN_CHECK, "import sys; sys.exit(1)")):
+            proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True)
+            v = Verdict("env", "hf")
+            env_level._check_pip(v, (proc, 0.0, how))
+            (c,) = [c for c in v.checks if c.name == "pip-check"]
+            assert c.status == "fail" and "eb-lonely 1.0 requires eb-missing, which is not installed." in c.detail, (how, code)
+    finally:
+        sys.path.remove(str(tmp_path))

@@ -311,12 +311,14 @@ def _check_pip(v: Verdict, started) -> None:
             proc.kill()
             out, _ = proc.communicate()
         lines = [ln for ln in out.strip().splitlines() if ln.strip()]
-        if how == "pip check":
-            problems = [] if proc.returncode == 0 else lines
-        elif proc.returncode in (0, 1):
+        if proc.returncode == 0:
+            problems = []
+        elif proc.returncode == 1 and lines:  # both say what is broken, a line each, and exit 1
             problems = lines
-        elif proc.returncode != requirements.NO_PACKAGING:
-            started = None  # the child broke, not the stack: read it here
+        elif how == "pip check" or proc.returncode != requirements.NO_PACKAGING:
+            # Killed at the timeout, or the child broke, not the stack: silence is no answer, so
+            # read it here (what pip check would say, requirements.py).
+            started = None
     if started is None:
         problems = requirements.problems()
     if problems is None:
