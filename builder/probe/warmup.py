@@ -25,7 +25,7 @@ _threads: list[threading.Thread] = []
 _seconds: dict[str, float] = {}
 # beside: the imports run in a second thread from the moment torch is imported, overlapping CUDA's
 # start (torch releases the GIL while it waits on the driver); after: they follow CUDA in the
-# warm-up thread. Beside was faster cold in all six pairs of two rounds on H100s, once env's
+# warm-up thread. Beside was faster cold in all nine pairs of three rounds on H100s, once env's
 # GIL-bound reads had moved into children (bench/probe_warm_beside_h100.json).
 HOW = ("beside", "after", "no")
 DEFAULT = "beside"
