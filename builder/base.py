@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 
 from .errors import EnvbuildError, InfraError, InputError
+from .fsutil import exclusive
+from .paths import cache_dir
 from .values import IMAGE_RE, Base, registry_host, split_ref
 from .probe.vocab import DEFAULT_PLATFORM, PLATFORMS, host_platform, parse_platform, platform_arch, platform_machine
 
@@ -192,25 +194,40 @@ def bootstrap(engine, suite: str = DEFAULT_SUITE, tag: str | None = None, mirror
     if not re.fullmatch(r"[a-z][a-z0-9-]*", suite):
         raise InputError("--suite", None, "suite", suite, "not a distribution suite name")
     platform = check_platform(platform)
-    foreign = is_foreign(platform)
     mirror = mirror or host_mirror(suite)
     if not mirror:
         raise InputError("/etc/apt/sources.list*", None, "mirror", None,
                          f"no apt mirror for suite {suite!r} on this host; pass --mirror URL")
     inp = inputs(suite, mirror, platform=platform)
     ref = _base_ref(suite, inp, platform, tag, registry)
-    handler = None
-    if foreign:
+    found = _reuse(engine, ref, platform, log)
+    if found:
+        return found
+    # Two envbuild processes on one machine (two builds, two test workers) make one base: the
+    # second waits here and then reuses the first's.
+    with exclusive(cache_dir() / "base" / (hashlib.sha256(ref.encode()).hexdigest()[:16] + ".lock")):
+        return _reuse(engine, ref, platform, log) or _make(engine, suite, mirror, inp, ref, platform, log)
+
+
+def _reuse(engine, ref: str, platform: str, log) -> Base | None:
+    """The base when it is there already (pushing a foreign one built here whose push did not
+    happen), else None."""
+    if is_foreign(platform):
         digest = _registry_digest(ref)
         if digest:
             log(f"base {ref}: in its registry ({digest}), reused")
             return Base("bootstrap", ref, digest)
         if _arch_of(engine, ref) == platform_arch(platform):  # built here, its push did not happen
             return _push(engine, ref, log, "present here, pushed")
-        handler = require_emulation(platform)
     elif engine.image_exists(ref):
         log(f"base {ref}: present, reused")
         return Base("bootstrap", ref)
+    return None
+
+
+def _make(engine, suite: str, mirror: str, inp: dict, ref: str, platform: str, log) -> Base:
+    foreign = is_foreign(platform)
+    handler = require_emulation(platform) if foreign else None
     if not shutil.which("debootstrap"):
         raise InfraError("no-debootstrap", "debootstrap not installed (ci/services.sh installs it)")
     sudo = _sudo()

@@ -1,7 +1,10 @@
-"""Atomic writes: a reader never sees half a file, a crash never leaves one."""
+"""Atomic writes: a reader never sees half a file, a crash never leaves one. And a lock file for
+work two processes on one machine must not do at once."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -53,6 +56,21 @@ def write_atomic(path: str | os.PathLike, data: bytes | str, mode: int = 0o644) 
             raise path_error(path, e) from None
         raise
     return path
+
+
+@contextlib.contextmanager
+def exclusive(path: str | os.PathLike):
+    """Hold an exclusive lock on `path` (created if missing) for the block: a second process
+    waits there. The kernel drops it if the holder dies, so no stale lock is ever left."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(path, "a")
+    except OSError as e:
+        raise path_error(path, e) from None
+    with f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
 def write_json_atomic(path: str | os.PathLike, obj: object) -> Path:

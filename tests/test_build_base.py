@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 
 import pytest
 
@@ -53,6 +55,31 @@ def test_bootstrap_reuses_a_present_base_without_debootstrap(tmp_path, monkeypat
     monkeypatch.setattr(Bs.shutil, "which", lambda name: None)  # debootstrap missing: must not be needed
     got = Bs.bootstrap(Present({ref}), tag=ref, mirror="http://m/debian", log=lambda s: None)
     assert got.to_dict() == {"kind": "bootstrap", "ref": ref}
+
+
+def test_two_bootstraps_at_once_make_one_base(isolated_cache, monkeypatch):
+    """Two processes (here: threads, each with its own lock file description) asking for one
+    absent base: one makes it, the other waits for it and reuses it."""
+    ref = "envbuild/base:bookworm-py3-" + "b" * 12
+    engine, made, logs = Present(set()), [], []
+
+    def make(engine_, suite, mirror, inp, ref_, platform, log):
+        made.append(threading.get_ident())
+        time.sleep(0.5)  # debootstrap: long enough for the other caller to arrive
+        engine_.have.add(ref_)
+        return Bs.Base("bootstrap", ref_)
+
+    monkeypatch.setattr(Bs, "_make", make)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(Bs.bootstrap(engine, tag=ref, mirror="http://m/debian",
+                                                                       log=logs.append))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(made) == 1 and [g.ref for g in got] == [ref, ref]
+    assert logs == [f"base {ref}: present, reused"]  # the one that waited
+    assert list((isolated_cache / "base").glob("*.lock"))
 
 
 def test_bootstrap_rejects_bad_suite():
