@@ -5,7 +5,7 @@
 #    symbol check), 2. the Docker engine and a loopback registry (ci/services.sh), and qemu
 #    emulation of the other platform (ci/emulation.sh: the linux/arm64 base test),
 # 3. envbuild with its test extras, plus CPU torch/transformers for the probe's GPU-level
-#    logic on CPU, 4. pytest.
+#    logic on CPU, and the host's bootstrap base, 4. pytest on two workers (pytest-xdist).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t0=$(date +%s)
@@ -32,6 +32,11 @@ stamp "docker engine, registry and emulation ready"
 bash ci/venv.sh test
 export PATH="$PWD/.venv/bin:$PATH" PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 PY=.venv/bin/python
+# The host's bootstrap base, once, before the test workers start (beside the torch install
+# below): the tests that build on it reuse it, and none of them removes a base it did not make.
+base_log=$(mktemp)
+"$PY" -m envbuild base bootstrap > "$base_log" 2>&1 &
+base_pid=$!
 # CPU torch for the probe's gpu-level logic on CPU: this workplace keeps a CPU build of 2.13.0 on
 # disk (quick); elsewhere any torch the index serves will do.
 if ! "$PY" -c "import torch, transformers" 2>/dev/null; then
@@ -39,9 +44,16 @@ if ! "$PY" -c "import torch, transformers" 2>/dev/null; then
     "$PY" -m pip install -q torch transformers tokenizers safetensors
 fi
 
-stamp "venv ready; pytest starts"
+if ! wait "$base_pid"; then
+  cat "$base_log" >&2
+  echo "test.sh: envbuild base bootstrap failed" >&2
+  exit 1
+fi
+stamp "venv and base ready; pytest starts"
+# Two workers, a file at a time (module fixtures run once), files with slow tests first
+# (tests/conftest.py): the image builds overlap the unit tests instead of following them.
 set +e
-"$PY" -m pytest -q -ra --durations=20 "$@"
+"$PY" -m pytest -q -ra --durations=20 -n "${ENVBUILD_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
 rc=$?
 set -e
 stamp "pytest done (exit $rc)"
