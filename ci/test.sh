@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command (README): sets up everything on a fresh machine, then runs the whole suite.
-#   bash ci/test.sh [pytest args...]
+#   bash ci/test.sh [pytest args...]      ENVBUILD_TEST_WORKERS=N: pytest workers (default 2)
 # 1. Debian packages the tests use (chromium for the page test, binutils for the probe's
 #    symbol check), 2. the Docker engine and a loopback registry (ci/services.sh), and qemu
 #    emulation of the other platform (ci/emulation.sh: the linux/arm64 base test),
