@@ -7,6 +7,7 @@ probe of the working tree, in one Python environment (or one built image), runs 
     python bench/probe_speed.py --image IMAGE --plan cpu ...   (what `envbuild build --probe cpu`
         runs: before, one process per level, env then contract, as build ran them; after, one
         process for both levels, each level's verdict written as it ends, as build runs them now)
+    --cold drops the page cache before each run (root): an image's first probe on a machine.
 
 Wall seconds on a shared 2-core machine vary run to run: compare the two columns of one run, and
 the CPU seconds (user+sys of the probe's process tree), which load changes less.
@@ -110,6 +111,8 @@ def main() -> int:
     ap.add_argument("--expect-verl")
     ap.add_argument("--expect-torch")
     ap.add_argument("--gpu-args", default="", help="extra probe arguments, e.g. '--expect-cuda 12.8'")
+    ap.add_argument("--cold", action="store_true",
+                    help="drop the page cache before each run (root): the first probe of an image on a machine")
     ap.add_argument("--out", default=str(ROOT / "bench" / "probe_speed.json"))
     args = ap.parse_args()
 
@@ -123,6 +126,9 @@ def main() -> int:
         for i in range(args.repeat):  # interleaved: load drifts over minutes on a shared machine
             for label in ("before", "after"):
                 out = tmp / f"{label}{i}.json"
+                if args.cold:
+                    os.sync()
+                    Path("/proc/sys/vm/drop_caches").write_text("3\n")
                 r = run_plan(where[label], args, out, label == "after") if args.plan else run_once(where[label], args, out)
                 runs[label].append(r)
                 print(f"  {label} #{i + 1}: wall {r['timings']['wall']:.1f}s cpu {r['timings']['cpu']:.1f}s "
@@ -138,7 +144,7 @@ def main() -> int:
         ratio = f"{a / b:.2f}" if a is not None and b else ""
         print(f"{k:<24}{'' if b is None else f'{b:.2f}':>10}{'' if a is None else f'{a:.2f}':>10}{ratio:>14}")
     result = {"target": args.image or args.python, "engine": args.engine, "level": args.level, "base": args.base,
-              "plan": args.plan,
+              "plan": args.plan, "cold": args.cold,
               "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                           "load": os.getloadavg()}, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "median": {k: {"before": b, "after": a} for k, b, a in rows}, "runs": runs}
