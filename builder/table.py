@@ -11,7 +11,6 @@ the sha256 of every other file, so `verify` covers them all.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -23,7 +22,7 @@ from pathlib import Path
 from .views import render_html, render_markdown
 from .errors import InputError
 from .fold import fold
-from .fsutil import write_atomic
+from .fsutil import exclusive, write_atomic
 from .record import iter_records
 from .row import TABLE_PAYLOAD_TYPE, Row, Table, attestation_path, parse_pinned
 from .sign import IN_TOTO_PAYLOAD_TYPE, TEST_RESULT_PREDICATE, load_signer, public_key_of, sign_envelope, sign_statement, statement
@@ -204,8 +203,7 @@ def publish(results: str | os.PathLike, key: str | os.PathLike, out: str | os.Pa
             raise InputError(str(out), None, "--out", str(out), "exists and is not a folder")
         _check_adoptable(out)  # before anything is written next to it
     sites.mkdir(parents=True, exist_ok=True)
-    with open(sites / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # two publishes into one --out: one after the other
+    with exclusive(sites / ".lock"):  # two publishes into one --out: one after the other
         if out.is_dir() and not out.is_symlink():
             _adopt_legacy_dir(out, sites)
         current = os.path.realpath(out) if out.is_symlink() else None
