@@ -139,10 +139,11 @@ class Census:
         rec.probe = {"contract": Verdict.of(verdict, "contract")}
         rec.place = {"kind": CENSUS, "wheels": {f["filename"]: f["hashes"]["sha256"] for f in files},
                      "reused": reused, "read": "verl, the engine and transformers from their wheels; torch not read"}
-        failing = [ch for ch in verdict.get("checks", []) if ch.get("status") == "fail"]
+        # Only a core failure condemns the row; one that only opted-in runs reach is a caveat (scope).
+        failing = [ch for ch in rec.probe["contract"].checks if ch.status == "fail" and ch.problem]
         rec.status = "fail" if failing else "ok"
         if failing:
-            rec.cause, rec.detail = failing[0].get("cause") or "static", failing[0].get("detail", "")[:2000]
+            rec.cause, rec.detail = failing[0].cause or "static", failing[0].detail[:2000]
         rec.timings = {"lock": round(t1 - t0, 3), "static": round(time.monotonic() - t1, 3)}
         return rec
 

@@ -22,7 +22,9 @@ from .fsutil import safe_name
 from .outcome import Check, Verdict
 from .record import is_census, is_in_place, is_placed
 from .row import Combo, Entry, Failure, HistoryEntry, Image, Row, parse_pinned
-from .probe.vocab import ERROR, FAIL, LEVELS, NEEDS_GPU, PASS, TIMEOUT, is_decisive, is_failing, levels_upto
+from .probe.vocab import (
+    ERROR, FAIL, LEVELS, NEEDS_GPU, PASS, TIMEOUT, is_decisive, is_failing, levels_upto, scope_label,
+)
 
 _DETAIL_MAX = 600
 
@@ -235,10 +237,30 @@ def fold_combo(records: list) -> Row:
     if census.get("status") == "broken" and status != "broken":
         # The lock cannot be resolved, or verl imports or calls what the engine does not have.
         status, failure = "broken", Failure("census", census["cause"], f"census: {census['detail']}")
+    scoped_from = [r for r in recs if is_census(r)][-1:] + \
+        [r for r in recs if not is_placed(r) and _image_key(r.image, id_to_digest) == row_key and r.probe][-1:] + places[-1:]
     return Row(id=cid, combo=Combo.from_dict(combo), image=image, build=build, levels=levels,
                best_level=best, status=status, failure=failure,
                lock_hash=recs[-1].lock_hash, base=recs[-1].base, history=list(reversed(history)),
-               versions=versions, hardware=hardware, notes=_notes(combo, recs[-1]), in_place=in_place, census=census)
+               versions=versions, hardware=hardware, notes=_notes(combo, recs[-1]), in_place=in_place, census=census,
+               scopes=_scopes(scoped_from))
+
+
+def _scopes(recs: list) -> dict:
+    """The failures only some runs reach, from the row's newest census, its image's newest probed
+    record and its newest in-place run: per scope, where it was found and the first file:line."""
+    out: dict = {}
+    for r in recs:
+        where = "census" if is_census(r) else "in place" if is_in_place(r) else "image"
+        for v in r.probe.values():
+            for c in v.checks:
+                if not c.scoped_failure:
+                    continue
+                e = out.setdefault(c.scope, {"label": scope_label(c.scope), "from": c.scope_from, "where": where,
+                                             "checks": [], "detail": _short(c.detail, 400)})
+                if c.name not in e["checks"]:
+                    e["checks"].append(c.name)
+    return {k: out[k] for k in sorted(out)}
 
 
 def _expanded(r) -> dict[str, Verdict]:

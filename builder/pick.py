@@ -17,6 +17,7 @@ from .errors import InputError
 from .probe.fatbin import parse_sm
 from .query import DEFAULT_LEVEL, Answer, Ask, answer, versions_in, why_not
 from .row import Row, Table
+from .runscope import add_run_arguments, scopes_from_args
 from .selector import add_selector_args, selectors_from_args
 from .probe.vocab import DEFAULT_PLATFORM, LEVELS, host_platform
 
@@ -79,6 +80,7 @@ def add_arguments(p) -> None:
     p.add_argument("--insecure", action="store_true",
                    help="skip signature verification and allow plain http (not recommended)")
     p.add_argument("--json", action="store_true", help="print the answer as JSON (reference, row, verification)")
+    add_run_arguments(p)
     add_trust_arguments(p)
 
 
@@ -94,7 +96,7 @@ def ask_from_args(args) -> Ask:
     driver = getattr(args, "driver", None)
     if driver is not None and not all(p.isdigit() for p in driver.split(".")):
         raise InputError("command line", None, "--driver", driver, "not a driver version (550.54.14)")
-    return Ask(sel, args.level, sm, driver, in_place=getattr(args, "in_place", False))
+    return Ask(sel, args.level, sm, driver, in_place=getattr(args, "in_place", False), scopes=scopes_from_args(args))
 
 
 def run(args) -> int:
@@ -117,7 +119,7 @@ def run(args) -> int:
                "level": ((row.in_place.get("best_level") if a.in_place else row.best_level) if row else None),
                "in_place": a.in_place,
                "row": row.to_dict() if row else None, "selection": a.selectors.describe(),
-               "gpu": f"sm_{a.sm}" if a.sm else None, "driver": a.driver,
+               "gpu": f"sm_{a.sm}" if a.sm else None, "driver": a.driver, "scopes": sorted(a.scopes),
                "min_level": a.level, "verified": info["verified"], "keyid": info["keyid"],
                "table": info["source"], "generated": table.generated, "serial": table.serial,
                "expires": table.expires}
@@ -141,6 +143,9 @@ def run(args) -> int:
         return 0
     print(row.pinned)
     print(f"{row.id}: verified up to {row.best_level}", file=sys.stderr)
+    for sc, e in row.scopes.items():  # broken only for runs that opt in: say which, so a user can check theirs
+        print(f"  caveat: broken with {e.get('label') or sc} ({sc}): "
+              f"{(str(e.get('detail') or '').splitlines() or [''])[0]}", file=sys.stderr)
     if row.in_place.get("status") == "verified":
         print(f"  its lock also passed {row.in_place.get('best_level')} in place on "
               f"{', '.join(row.in_place['host'].get('gpu') or [])} (the stack, not this image)", file=sys.stderr)

@@ -44,13 +44,18 @@ class Ask:
     sm: int | None = None  # the GPU's compute capability (90 for an H200)
     driver: str | None = None  # the host's NVIDIA driver version
     in_place: bool = False  # answer a stack verified in place (envbuild venv), not an image
+    # What the user's run enters beyond verl's core path: feature names and `model:T` (vocab
+    # scopes). A row broken under one of them is no answer for this run, whatever its status.
+    scopes: frozenset = frozenset()
 
     def on(self, platform: str | None) -> "Ask":
         return replace(self, selectors=replace(self.selectors, platform=platform))
 
     def describe(self) -> str:
         return (self.selectors.describe() + (f" --gpu sm_{self.sm}" if self.sm else "")
-                + (f" --driver {self.driver}" if self.driver else ""))
+                + (f" --driver {self.driver}" if self.driver else "")
+                + "".join(f" --model-type {s[6:]}" if s.startswith("model:") else f" --feature {s}"
+                          for s in sorted(self.scopes)))
 
 
 def ask(sel=None, level: str = DEFAULT_LEVEL, sm: int | None = None, driver: str | None = None) -> Ask:
@@ -68,6 +73,7 @@ class Facts:
     supports: tuple[str, ...] | None
     min_driver: str | None
     standing: int
+    broken_scopes: tuple[str, ...] = ()  # scopes a run may enter under which the row is broken
 
 
 def eligible(row: Row) -> int:
@@ -108,7 +114,17 @@ def facts(row: Row) -> Facts:
     supports = tuple(str(s) for s in sup) if isinstance(sup, list) and sup else None
     drv = hw.get("min_driver")
     return Facts(eligible(row), supports, drv if isinstance(drv, str) and drv else None,
-                 STANDING.get(row.status, 0))
+                 STANDING.get(row.status, 0), tuple(sorted(row.scopes)))
+
+
+def scope_hits(broken: tuple[str, ...], scopes) -> list[str]:
+    """The broken scopes a run enters: a feature by name, a model type when a `model:` scope lists it."""
+    out = []
+    for s in broken:
+        if s in scopes or (s.startswith("model:") and any(
+                x.startswith("model:") and x[6:] in s[6:].split(",") for x in scopes)):
+            out.append(s)
+    return out
 
 
 def _ver(v: object) -> tuple:
@@ -182,7 +198,7 @@ def qualifies_facts(f: Facts, a: Ask) -> bool:
         return False
     if a.driver and (f.min_driver is None or not driver_at_least(a.driver, f.min_driver)):
         return False
-    return True
+    return not (a.scopes and scope_hits(f.broken_scopes, a.scopes))
 
 
 def in_place_rank(row: Row) -> int:
@@ -193,7 +209,7 @@ def in_place_rank(row: Row) -> int:
 
 def qualifies(row: Row, a: Ask) -> bool:
     if a.in_place:  # the stack on a node, no image: its in-place verdict decides (GPU and driver: its node's)
-        return in_place_rank(row) >= level_rank(a.level)
+        return in_place_rank(row) >= level_rank(a.level) and not scope_hits(tuple(row.scopes), a.scopes)
     return qualifies_facts(facts(row), a)
 
 
@@ -247,6 +263,11 @@ def why_not(row: Row, a: Ask) -> str:
     gap = driver_gap(row, a.driver)
     if gap:
         return f"verified, but not for this driver: {gap}"
+    hit = scope_hits(tuple(row.scopes), a.scopes)
+    if hit:
+        e = row.scopes[hit[0]]
+        first = str(e.get("detail") or "").splitlines()[:1]
+        return f"verified, but broken for your run ({e.get('label') or hit[0]}): " + (first[0] if first else "")
     return "qualifies"
 
 

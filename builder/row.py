@@ -225,6 +225,20 @@ class Row:
     # image): {"status": pass|broken|error, "cause", "detail", "run_id", "created", "reused"}; {}
     # when never. A level below env: it condemns a row, it never verifies one (fold._census).
     census: dict = field(default_factory=dict)
+    # Failures only some runs reach (fold._scopes): {scope: {"label", "from", "where", "checks",
+    # "detail"}}, scope a feature name, `model:T[,U]` or `guard:G`. They leave `status` alone: a
+    # reader whose run enters a scope reads the row as broken for that run (query.Ask.scopes).
+    scopes: dict = field(default_factory=dict)
+
+    def broken_for(self, scopes) -> list[str]:
+        """The scopes of a run (feature names, `model:T`) under which this row is broken."""
+        out = []
+        for s in self.scopes:
+            if s in scopes:
+                out.append(s)
+            elif s.startswith("model:") and any(x.startswith("model:") and x[6:] in s[6:].split(",") for x in scopes):
+                out.append(s)
+        return out
 
     def level(self, name: str) -> Entry:
         return self.levels.get(name) or Entry()
@@ -243,7 +257,7 @@ class Row:
                 "failure": self.failure.to_dict() if self.failure else None,
                 "lock_hash": self.lock_hash, "base": self.base, "history": [h.to_dict() for h in self.history],
                 "versions": self.versions, "hardware": self.hardware, "notes": self.notes, "in_place": self.in_place,
-                "census": self.census}
+                "census": self.census, "scopes": self.scopes}
 
     @classmethod
     def from_dict(cls, d: object, where: str = "table", i: int = 0) -> "Row":
@@ -263,7 +277,7 @@ class Row:
             [HistoryEntry.from_dict(h) for h in hist] if hist.__class__ is list else [],
             _dict(get("versions")), _dict(get("hardware")),
             [str(n) for n in get("notes")] if get("notes").__class__ is list else [], _dict(get("in_place")),
-            _dict(get("census")))
+            _dict(get("census")), {str(k): _dict(v) for k, v in _dict(get("scopes")).items()})
 
 
 class LazyRows(Sequence):

@@ -28,6 +28,7 @@ ROW_FIELDS = {
     "notes": "notes", "base": "base image", "history": "recent runs",
     "in_place": "in place (the row's lock judged on a GPU node without Docker: envbuild venv)",
     "census": "census (the lock, and verl against the engine's wheels, without an image: below env)",
+    "scopes": "broken only for some runs (a feature, a model type, a run-time guard), with file:line",
 }
 # Row fields neither shows, and why.
 HIDDEN_FIELDS = {
@@ -159,7 +160,16 @@ def md_row(r: Row) -> dict:
             "levels": [_md(r.level(lv).status) for lv in LEVELS], "cause": _md(_cause(r)),
             "needs": _md("; ".join(needs(r))), "notes": _md("; ".join(r.notes)),
             "base": _md((r.base or {}).get("ref") or ""), "image": _md(img), "id": _md(r.id),
-            "in_place": _md(in_place_text(r)), "census": _md(census_text(r))}
+            "in_place": _md(in_place_text(r)), "census": _md(census_text(r)), "scopes": _md(scopes_text(r))}
+
+
+def scopes_text(r: Row) -> str:
+    """"broken with <scope>: file:line …" per scope ("" when none): what a run that opts in meets."""
+    out = []
+    for sc, e in r.scopes.items():
+        first = (str(e.get("detail") or "").splitlines() or [""])[0]
+        out.append(f"broken with {e.get('label') or sc} [{sc}, from {e.get('from') or 'code'}]: {first}")
+    return "; ".join(out)
 
 
 def census_text(r: Row) -> str:

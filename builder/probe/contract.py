@@ -18,8 +18,9 @@ from .envguard import guard
 from .ownership import applies, owner, verl_extras
 from .staticcalls import Trees, check_calls
 from .staticimports import ModuleIndex, check_module
+from .scope import Scoper, rollout_registry
 from .verdict import FAIL, NEEDS_GPU, NEEDS_HOME, NEEDS_NETWORK, NOT_APPLICABLE, PASS, Verdict
-from .vocab import ENGINE, ENGINE_SPECS, VERSION_GATED
+from .vocab import CORE, ENGINE, ENGINE_SPECS, VERSION_GATED
 
 # verl folders whose modules touch the rollout engine (discovered by name, not listed by hand),
 # and verl's patches of transformers' models (where transformers drift breaks first).
@@ -103,7 +104,7 @@ def _undeclared_optional(e: BaseException, declared: set[str] | None) -> str | N
 
 
 def _import_check(v: Verdict, name: str, engine: str, on_gpu: bool, declared: set[str] | None = None,
-                  own: bool = False) -> None:
+                  own: bool = False, scope: dict | None = None) -> None:
     """Import one module under the environment guard. `own`: the module belongs to this
     combination's engine, so an error naming another engine is a failure, not not-applicable."""
     t0 = time.perf_counter()
@@ -137,7 +138,9 @@ def _import_check(v: Verdict, name: str, engine: str, on_gpu: bool, declared: se
         c.detail = f"needs {opt}, which verl does not declare (an optional feature's dependency)"
     if status == NEEDS_NETWORK and needs.network:
         c.detail = f"fetches {', '.join(needs.network[:3])} at import; fails offline"
-    chk = v.add(check, status, c.detail, c.cause, time.perf_counter() - t0)
+    sc = scope if status == FAIL and scope else {"scope": CORE, "from": None}
+    detail = c.detail if sc["scope"] == CORE and not sc.get("why") else f"{c.detail}\nscope: {sc['why']}"
+    chk = v.add(check, status, detail, c.cause, time.perf_counter() - t0, sc["scope"], sc.get("from"))
     _caveats(v, chk, name, needs)
 
 
@@ -181,7 +184,8 @@ def run_contract(v: Verdict, expect: dict, engine: str, background: "Background 
                     if o and not o["judged"]:
                         v.add(f"import:{m}", NOT_APPLICABLE, o["detail"], o["cause"])
                         continue
-                    _import_check(v, m, engine, on_gpu, declared, own=bool(o and engine in o["engines"]))
+                    _import_check(v, m, engine, on_gpu, declared, own=bool(o and engine in o["engines"]),
+                                  scope=static.get("module_scopes", {}).get(m))
         n = {s: sum(1 for c in v.checks if c.name.startswith("import:verl.") and c.status == s)
              for s in (PASS, FAIL, NEEDS_GPU, NOT_APPLICABLE, NEEDS_NETWORK, NEEDS_HOME)}
         v.metrics["verl_modules"] = {"discovered": len(mods), **n}
@@ -227,56 +231,94 @@ def run_contract(v: Verdict, expect: dict, engine: str, background: "Background 
         v.add("native-extensions", PASS, detail, seconds=bg.ext_seconds)
 
 
+def _line(f: dict) -> str:
+    return (f"{f['file']}:{f['line']} {'(in a function) ' if f['function'] else ''}"
+            f"from {f['module']} import {f['name']}: {f['where']}" if f["name"] else
+            f"{f['file']}:{f['line']} import {f['module']}: {f['where']}")
+
+
+def _scoped_name(base: str, scope: str) -> str:
+    return base if scope == CORE else f"{base}@{scope}"
+
+
+def _scope_note(findings: list[dict]) -> str:
+    whys = list(dict.fromkeys((f.get("scope") or {}).get("why") for f in findings if (f.get("scope") or {}).get("why")))
+    return ("\nscope: " + "\nscope: ".join(whys[:3])) if whys else ""
+
+
 def _static_checks(v: Verdict, static: dict) -> None:
-    """One `static:<module>` check per verl module of this engine. Where the import check judged
-    the module (pass or fail), the import wins for what runs at import; the static finding is
-    shown beside it (a passing import overrules a static miss at module level; a failing one
-    agrees with it). Imports inside functions are only ever judged here."""
+    """One `static:<module>` check per verl module of this engine, and one per scope its findings
+    are reached under (`static:<module>@<scope>`: a failure only the runs that opt into the scope
+    meet). Where the import check judged the module (pass or fail), the import wins for what runs
+    at import; the static finding is shown beside it (a passing import overrules a static miss at
+    module level; a failing one agrees with it). Imports inside functions are only ever judged here."""
     imports = {c.name[len("import:"):]: c for c in v.checks if c.name.startswith("import:")}
+    _registry_check(v, static)
     for mod, res in sorted(static.get("static", {}).items()):
         finds = res["findings"]
         imp = imports.get(mod)
         decided = imp is not None and imp.status in (PASS, FAIL)
-        lines, failing = [], []
+        lines, failing = [], {}
         for f in finds:
-            line = (f"{f['file']}:{f['line']} {'(in a function) ' if f['function'] else ''}"
-                    f"from {f['module']} import {f['name']}: {f['where']}" if f["name"] else
-                    f"{f['file']}:{f['line']} import {f['module']}: {f['where']}")
+            line = _line(f)
             if f.get("gated"):
                 v.caveat(VERSION_GATED, f"static:{mod}", mod, f"{line} (only runs behind a version guard "
                          "envbuild could not evaluate)")
                 continue
             lines.append(line)
             if f["function"] or not decided or imp.status == FAIL:
-                failing.append(line)
+                failing.setdefault((f.get("scope") or {}).get("scope") or CORE, []).append(f)
         if imp is not None and imp.status == FAIL and lines:
             imp.detail = f"{imp.detail}\nstatic: " + "\nstatic: ".join(lines[:5])
         _call_checks(v, mod, res.get("calls") or [])
-        if failing:
-            v.add(f"static:{mod}", FAIL, "\n".join(failing[:20]), "static-import-missing")
-        elif lines:
+        for scope, fs in sorted(failing.items(), key=lambda kv: kv[0] != CORE):
+            v.add(_scoped_name(f"static:{mod}", scope), FAIL, "\n".join(_line(f) for f in fs[:20]) + _scope_note(fs),
+                  "static-import-missing", scope=scope, scope_from=(fs[0].get("scope") or {}).get("from"))
+        if CORE in failing:
+            continue
+        if lines and not failing:
             v.add(f"static:{mod}", PASS, f"import check judged it ({imp.status}); static: " + "; ".join(lines[:5]))
         else:
             skipped = res.get("unreachable") or []
             v.add(f"static:{mod}", PASS, f"{res['checked']} imports of {', '.join(static['targets'])} resolve"
+                  + (f" on verl's core path; broken only under {', '.join(s for s in sorted(failing))}"
+                     if failing else "")
                   + (f"; {len(skipped)} in code the installed versions never run not read "
                      f"({', '.join(skipped[:3])})" if skipped else ""))
+
+
+def _registry_check(v: Verdict, static: dict) -> None:
+    """verl's trainer selects the rollout by name from its registry: an engine it has no entry for
+    cannot run through verl at this release, whatever its modules import (core)."""
+    reg, engine = static.get("registry"), static.get("engine")
+    if not reg or not engine:
+        return
+    names = ENGINE[engine].rollout
+    ok = any(n.startswith(p) for n in reg["names"] for p in names)
+    have = ", ".join(reg["names"])
+    if ok:
+        v.add("registry:rollout", PASS, f"verl's rollout registry ({reg['where']}) has {have}")
+    else:
+        v.add("registry:rollout", FAIL, f"verl's rollout registry ({reg['where']}) has {have}: no "
+              f"{'/'.join(names)}, so actor_rollout_ref.rollout.name={names[0]} cannot run at this release",
+              "rollout-not-registered", scope_from="code")
 
 
 def _call_checks(v: Verdict, mod: str, calls: list[dict]) -> None:
     """The static call-signature contract of one module: a call into the engine with arguments
     the installed definition does not take fails when it runs (often inside an abort or wake-up
-    path that swallows the TypeError: the feature silently does nothing)."""
-    lines = []
+    path that swallows the TypeError: the feature silently does nothing). One check per scope."""
+    by_scope: dict[str, list[dict]] = {}
     for c in calls:
         line = f"{c['file']}:{c['line']} {c['callee']}(): {c['problem']} (defined at {c['where']})"
         if c.get("gated"):
             v.caveat(VERSION_GATED, f"calls:{mod}", mod, f"{line} (only runs behind a version guard "
                      "envbuild could not evaluate)")
         else:
-            lines.append(line)
-    if lines:
-        v.add(f"calls:{mod}", FAIL, "\n".join(lines[:20]), "call-signature-drift")
+            by_scope.setdefault((c.get("scope") or {}).get("scope") or CORE, []).append({**c, "text": line})
+    for scope, cs in sorted(by_scope.items(), key=lambda kv: kv[0] != CORE):
+        v.add(_scoped_name(f"calls:{mod}", scope), FAIL, "\n".join(c["text"] for c in cs[:20]) + _scope_note(cs),
+              "call-signature-drift", scope=scope, scope_from=(cs[0].get("scope") or {}).get("from"))
 
 
 def static_report(engine: str, paths: list[str] | None = None) -> dict:
@@ -301,7 +343,8 @@ def static_report(engine: str, paths: list[str] | None = None) -> dict:
     # The engine's own modules, torch and transformers (every stack's; hf's engine) are what
     # verl's are read against.
     targets = sorted(set(spec.modules) | {"torch", "transformers"})
-    owners, static = {}, {}
+    owners, static, module_scopes = {}, {}, {}
+    scoper = Scoper(loc.dirs[0], index.version("verl") if paths is not None else _dist_version("verl"))
     trees = Trees()  # the engine's files, parsed once for every call into them
     needles = sorted({t.encode() for e in ENGINE_SPECS for t in e.modules | e.tokens})
     for mod in _all_modules(loc.dirs[0]):
@@ -316,10 +359,18 @@ def static_report(engine: str, paths: list[str] | None = None) -> dict:
             before = len(index.unreachable)
             r = check_module(index, mod, set(targets))
             if r is not None:
-                static[mod] = {"checked": r[1], "findings": [asdict(f) for f in r[0]],
-                               "unreachable": index.unreachable[before:],
-                               "calls": [asdict(f) for f in check_calls(index, mod, set(targets), trees)]}
-    return {"owners": owners, "static": static, "targets": targets, "seconds": round(time.perf_counter() - t0, 4)}
+                finds = [dict(asdict(f), scope=scoper.scope(mod, f.line, f.function)) for f in r[0]]
+                calls = [dict(asdict(c), scope=scoper.scope(mod, c.line, True))
+                         for c in check_calls(index, mod, set(targets), trees)]
+                static[mod] = {"checked": r[1], "findings": finds, "unreachable": index.unreachable[before:],
+                               "calls": calls}
+        if mod in facing and judged:
+            sc = scoper.scope(mod)  # what a failing import of the module would be scoped to
+            if sc["scope"] != CORE or sc["from"] != "undetermined":
+                module_scopes[mod] = sc
+    return {"owners": owners, "static": static, "targets": targets, "module_scopes": module_scopes,
+            "registry": rollout_registry(loc.dirs[0]), "engine": engine,
+            "seconds": round(time.perf_counter() - t0, 4)}
 
 
 def _mentions(index: ModuleIndex, mod: str, needles: list[bytes]) -> bool:

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 from .vocab import (  # noqa: F401 - the statuses' home is the vocabulary; re-exported for the probe's modules
-    CAVEATS, ERROR, FAIL, NEEDS_GPU, NEEDS_HOME, NEEDS_NETWORK, NOT_APPLICABLE, PASS, SKIPPED,
+    CAVEATS, CORE, ERROR, FAIL, NEEDS_GPU, NEEDS_HOME, NEEDS_NETWORK, NOT_APPLICABLE, PASS, SKIPPED, is_core,
 )
 
 SCHEMA = 1
@@ -27,6 +27,11 @@ class Check:
     cause: str | None = None  # classified cause when not pass, e.g. "undefined-symbol"
     seconds: float = 0.0
     level: str | None = None  # env | contract | gpu: the level that wrote it (the table reads it)
+    # The runs that reach what it found (vocab.CORE, a feature, `model:T`, `guard:G`) and whether
+    # that was read from code or from a feature descriptor. Only a core failure fails the verdict;
+    # a scoped one is a caveat of the runs that opt in.
+    scope: str = CORE
+    scope_from: str | None = None
 
 
 @dataclass
@@ -50,9 +55,9 @@ class Verdict:
     current_level: str | None = None  # set by at_level(); stamped on every check added meanwhile
 
     def add(self, name: str, status: str, detail: str = "", cause: str | None = None,
-            seconds: float = 0.0) -> Check:
+            seconds: float = 0.0, scope: str = CORE, scope_from: str | None = None) -> Check:
         # Outside a level (the probe itself broke between levels) no level: it counts against all.
-        c = Check(name, status, detail[:2000], cause, round(seconds, 4), self.current_level)
+        c = Check(name, status, detail[:2000], cause, round(seconds, 4), self.current_level, scope or CORE, scope_from)
         self.checks.append(c)
         return c
 
@@ -81,7 +86,8 @@ class Verdict:
         """Fold in a level judged elsewhere (a child process, a verdict of its own) as written by
         to_dict: its checks after these, its numbers where this verdict has none (`process` and
         `total` under `prefix`)."""
-        self.checks += [Check(**c) for c in d.get("checks", [])]
+        self.checks += [Check(**{k: x for k, x in c.items() if k in Check.__dataclass_fields__})
+                        for c in d.get("checks", [])]
         for k, val in d.get("timings", {}).items():
             if k in ("process", "total"):
                 if prefix:
@@ -100,7 +106,15 @@ class Verdict:
 
     @property
     def status(self) -> str:
-        return overall_status([c.status for c in self.checks])
+        return overall_status([c.status for c in self.checks if is_core(c.scope)])
+
+    def scoped(self) -> dict[str, list[str]]:
+        """{scope: [check names]} of the failures only some runs reach (they leave status alone)."""
+        out: dict[str, list[str]] = {}
+        for c in self.checks:
+            if c.status == FAIL and not is_core(c.scope):
+                out.setdefault(c.scope, []).append(c.name)
+        return out
 
     def to_dict(self, level: str | None = None) -> dict:
         """The verdict as written; `level` names a lower level that has just ended (its verdict is
@@ -110,7 +124,7 @@ class Verdict:
             d["level"] = level
         d["status"] = self.status
         d["schema"] = SCHEMA
-        d["cause"] = first_cause(self.checks)
+        d["cause"] = first_cause([c for c in self.checks if is_core(c.scope)])
         d["timings"].setdefault("total", round(time.time() - self.started, 4))
         del d["started"], d["current_level"]
         return d

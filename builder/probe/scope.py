@@ -1,0 +1,438 @@
+"""Where a finding is reached: `core` (every run of this engine through verl's trainer with verl's
+default config) or a scope a run opts into — a feature, a model type, a run-time guard.
+
+Read from verl's code where it can be (the `if` around the finding, the model-type dispatch of
+verl's monkey patch, the callers that pass an optional argument, the modules that import a module
+at load time); from the feature descriptors in vocab.FEATURE_SPECS otherwise (module patterns).
+A claim that a finding is opt-in must be supported: anything not determined counts as core and
+says so. Also here: verl's rollout registry, read from its code (which engine names the trainer
+can select at this release). Standard library only (runs inside images and in the census).
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import os
+import re
+
+from .vocab import (
+    CORE, FEATURE, FEATURE_SPECS, GUARD_SCOPE, MODEL_SCOPE, SCOPE_FROM_CODE, SCOPE_FROM_DATA, SCOPE_UNDETERMINED,
+    feature_default_on,
+)
+
+_CUDA_TESTS = ("is_available", "is_cuda_available", "get_device_name", "device_count")
+_RUNTIME_TESTS = ("hasattr", "getattr", "signature", "callable", "parameters", "isinstance")
+_IMPORT_ERRORS = {"ImportError", "ModuleNotFoundError"}
+
+
+def _scope(scope: str, source: str, why: str) -> dict:
+    return {"scope": scope, "from": source, "why": why}
+
+
+def _tokens(name: str) -> list[str]:
+    return [t for t in re.split(r"[^a-z0-9]+", name.lower()) if t]
+
+
+def _words(e: ast.AST) -> list[str]:
+    out = []
+    for n in ast.walk(e):
+        if isinstance(n, ast.Name):
+            out.append(n.id)
+        elif isinstance(n, ast.Attribute):
+            out.append(n.attr)
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str):
+            out.append(n.value)
+    return out
+
+
+def _guard_hit(words: list[str], guard: str) -> bool:
+    """`guard` (multi_stage_wake_up) names one of the identifiers, whole or as a run of its words."""
+    g = _tokens(guard)
+    for w in words:
+        t = _tokens(w)
+        if any(t[i:i + len(g)] == g for i in range(len(t) - len(g) + 1)):
+            return True
+    return False
+
+
+class Scoper:
+    """Scopes for the findings of one verl install (its package folder `root`)."""
+
+    def __init__(self, root: str, verl_version: str | None = None):
+        self.root = root  # .../verl
+        self.verl = verl_version
+        self._trees: dict[str, ast.Module | None] = {}
+        self._models: dict[str, tuple[list[str], str]] | None = None
+        self._importers: dict[str, list[str]] | None = None
+        self._sources: list[tuple[str, str]] | None = None
+
+    # -- files
+    def path_of(self, mod: str) -> str | None:
+        rel = mod.split(".")[1:]
+        base = os.path.join(self.root, *rel)
+        for p in (base + ".py", os.path.join(base, "__init__.py")):
+            if os.path.isfile(p):
+                return p
+        return None
+
+    def rel(self, path: str) -> str:
+        return os.path.relpath(path, os.path.dirname(self.root))
+
+    def tree(self, path: str) -> ast.Module | None:
+        if path not in self._trees:
+            try:
+                with open(path, "rb") as f:
+                    self._trees[path] = ast.parse(f.read(), filename=path)
+            except (OSError, SyntaxError, ValueError):
+                self._trees[path] = None
+        return self._trees[path]
+
+    def sources(self) -> list[tuple[str, str]]:
+        if self._sources is None:
+            out = []
+            for dirpath, dirs, files in os.walk(self.root):
+                dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+                for f in sorted(files):
+                    if f.endswith(".py"):
+                        p = os.path.join(dirpath, f)
+                        try:
+                            with open(p, encoding="utf-8", errors="replace") as fh:
+                                out.append((p, fh.read()))
+                        except OSError:
+                            continue
+            self._sources = out
+        return self._sources
+
+    def module_of(self, path: str) -> str:
+        rel = os.path.relpath(path, os.path.dirname(self.root))[:-3].split(os.sep)
+        if rel[-1] == "__init__":
+            rel = rel[:-1]
+        return ".".join(rel)
+
+    # -- the one question
+    def scope(self, mod: str, line: int | None = None, function: bool = False, _depth: int = 0) -> dict:
+        """{"scope", "from", "why"} of a finding at `line` of module `mod` (None: the module's import)."""
+        found = None
+        path = self.path_of(mod)
+        if line is not None and path:
+            found = self._guarded(path, line, _depth)
+        if found is None:
+            found = self._model_type(mod)
+        if found is None:
+            found = self._feature_module(mod, function)
+        if found is None:
+            return _scope(CORE, SCOPE_UNDETERMINED, "scope not determined: counts as core")
+        name = found["scope"]
+        if name in FEATURE and feature_default_on(name, self.verl):
+            return _scope(CORE, found["from"], f"{found['why']}; on by default at verl {self.verl}")
+        return found
+
+    # -- 1. the code around the line
+    def _guarded(self, path: str, line: int, depth: int) -> dict | None:
+        tree = self.tree(path)
+        if tree is None:
+            return None
+        chain = _enclosing(tree, line)
+        func = next((n for n, _ in reversed(chain) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
+        for node, branch in reversed(chain):  # innermost first: the most specific guard
+            where = f"{self.rel(path)}:{node.lineno}"
+            if isinstance(node, ast.Try) and branch == "body":
+                caught = {n for h in node.handlers for n in _handler_names(h)}
+                if caught and caught <= _IMPORT_ERRORS:
+                    return _scope(GUARD_SCOPE + "fallback", SCOPE_FROM_CODE, f"inside try/except ImportError at {where}")
+                continue
+            if not isinstance(node, ast.If):
+                continue
+            test, positive = node.test, branch == "body"
+            if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+                test, positive = test.operand, not positive
+            words = _words(test)
+            if "model_type" in words:
+                types = sorted({w for w in words if w not in ("model_type", "config", "model", "hf_config")
+                                and re.fullmatch(r"[a-z0-9_.\-]+", w)})
+                if types and positive:
+                    return _scope(MODEL_SCOPE + ",".join(types), SCOPE_FROM_CODE,
+                                  f"under `if … model_type …` at {where}")
+            for f in FEATURE_SPECS:
+                if f.guards and any(_guard_hit(words, g) for g in f.guards) and positive:
+                    return _scope(f.name, SCOPE_FROM_CODE, f"under `if {_short(test)}` at {where}")
+            if positive and any(w in _CUDA_TESTS for w in words) and "cuda" in " ".join(words).lower():
+                return _scope(GUARD_SCOPE + "gpu-only", SCOPE_FROM_CODE, f"under `if {_short(test)}` at {where}")
+            if any(w in _RUNTIME_TESTS for w in words):
+                return _scope(GUARD_SCOPE + "runtime-check", SCOPE_FROM_CODE, f"under `if {_short(test)}` at {where}")
+            arg = _optional_arg(test, func, positive)
+            if arg and depth < 2:
+                return self._callers(func, arg, where, depth)
+        return None
+
+    def _callers(self, func, arg: str, where: str, depth: int) -> dict:
+        """A branch taken only when `arg` (default None) is passed: the scope of verl's calls that pass it."""
+        pat = re.compile(rf"\b{re.escape(func.name)}\s*\(")
+        sites = []
+        for p, text in self.sources():
+            if func.name not in text or not pat.search(text):
+                continue
+            tree = self.tree(p)
+            for n in ast.walk(tree) if tree else ():
+                if isinstance(n, ast.Call) and _callee_name(n.func) == func.name and any(
+                        k.arg == arg and not (isinstance(k.value, ast.Constant) and k.value.value is None)
+                        for k in n.keywords):
+                    sites.append((p, n.lineno))
+        what = f"{func.name}(…, {arg}=…)"
+        if not sites:
+            return _scope(GUARD_SCOPE + f"argument:{arg}", SCOPE_FROM_CODE,
+                          f"runs only when a caller passes {arg} ({where}); no call in verl passes it")
+        scopes = [(p, ln, self.scope(self.module_of(p), ln, True, depth + 1)) for p, ln in sites]
+        core = [(p, ln) for p, ln, s in scopes if s["scope"] == CORE]
+        if core:
+            p, ln = core[0]
+            return _scope(CORE, SCOPE_FROM_CODE, f"{self.rel(p)}:{ln} calls {what} unguarded ({where})")
+        names = sorted({s["scope"] for _, _, s in scopes})
+        p, ln, s = scopes[0]
+        return _scope(names[0] if len(names) == 1 else GUARD_SCOPE + f"argument:{arg}", SCOPE_FROM_CODE,
+                      f"runs only when a caller passes {arg} ({where}); verl passes it only at "
+                      + ", ".join(f"{self.rel(p)}:{ln} ({s['why']})" for p, ln, s in scopes[:3]))
+
+    # -- 2. verl's model patches, dispatched on model_type (monkey_patch.py)
+    def _model_type(self, mod: str) -> dict | None:
+        if self._models is None:
+            self._models = self._read_models()
+        hit = self._models.get(mod)
+        if hit:
+            types, where = hit
+            return _scope(MODEL_SCOPE + ",".join(types), SCOPE_FROM_CODE, f"imported only for model_type "
+                          f"{', '.join(types)} ({where})")
+        return None
+
+    def _read_models(self) -> dict[str, tuple[list[str], str]]:
+        path = self.path_of("verl.models.transformers.monkey_patch")
+        tree = self.tree(path) if path else None
+        out: dict[str, tuple[list[str], str]] = {}
+        if tree is None:
+            return out
+
+        def visit(body, types: list[str]):
+            for node in body:
+                if isinstance(node, ast.If):
+                    words = _words(node.test)
+                    mine = types
+                    if "model_type" in words:
+                        mine = sorted({w for w in words if w not in ("model_type", "config", "model", "hf_config")
+                                       and re.fullmatch(r"[a-z0-9_.\-]+", w)}) or types
+                    visit(node.body, mine)
+                    visit(node.orelse, types)
+                    continue
+                if isinstance(node, ast.ImportFrom) and types:
+                    target = node.module or ""
+                    if node.level:
+                        target = "verl.models.transformers" + (f".{target}" if target else "")
+                    names = [target] if target != "verl.models.transformers" else \
+                        [f"verl.models.transformers.{a.name}" for a in node.names]
+                    for t in names:
+                        if t.startswith("verl.models.transformers.") and t != "verl.models.transformers.monkey_patch":
+                            prev = out.get(t, ([], ""))[0]
+                            out[t] = (sorted(set(prev) | set(types)), f"{self.rel(path)}:{node.lineno}")
+                for field in ("body", "orelse", "finalbody", "handlers"):
+                    sub = getattr(node, field, None)
+                    if isinstance(sub, list):
+                        visit([x for x in sub if isinstance(x, ast.stmt)], types)
+                for h in getattr(node, "handlers", None) or []:
+                    visit(h.body, types)
+        visit(tree.body, [])
+        # A module that any code outside the model-type branches imports is not model-specific.
+        for m in list(out):
+            if self._imported_unguarded(m, exclude=path):
+                del out[m]
+        return out
+
+    def _imported_unguarded(self, mod: str, exclude: str | None = None) -> bool:
+        leaf = mod.rsplit(".", 1)[-1]
+        for p, text in self.sources():
+            if p == exclude or leaf not in text:
+                continue
+            if any(m == mod for m in self._top_imports(p)):
+                return True
+        return False
+
+    # -- 3. data: the feature descriptors' module patterns
+    def _feature_module(self, mod: str, function: bool) -> dict | None:
+        """A finding inside a function of a feature's module runs when the feature calls it; one at
+        module level runs whenever the module loads, so it is core if a module outside the feature
+        imports it at load time."""
+        for f in FEATURE_SPECS:
+            if any(fnmatch.fnmatchcase(mod, pat) for pat in f.modules):
+                importer = None if function else self._loaded_by(mod, f)
+                if importer:
+                    return _scope(CORE, SCOPE_FROM_CODE, f"a module of feature {f.name}, but {importer} imports it "
+                                  "at load time")
+                return _scope(f.name, SCOPE_FROM_DATA, f"a module only feature {f.name} loads ({f.label})")
+        return None
+
+    def _loaded_by(self, mod: str, f) -> str | None:
+        """A module outside the feature that imports `mod` at module level (so it loads on runs
+        without the feature), as file:line; None if none does."""
+        if self._importers is None:
+            self._importers = {}
+            for p, _text in self.sources():
+                src = self.module_of(p)
+                for target, line in self._top_imports(p, lines=True):
+                    self._importers.setdefault(target, []).append(f"{src}\0{self.rel(p)}:{line}")
+        for entry in self._importers.get(mod, []):
+            src, where = entry.split("\0")
+            if src != mod and not any(fnmatch.fnmatchcase(src, pat) for pat in f.modules) \
+                    and not mod.startswith(src + ".") and self._model_type(src) is None:
+                return where
+        return None
+
+    def _top_imports(self, path: str, lines: bool = False):
+        """Modules imported at module level (not in a function, not under try/if) by a file."""
+        tree = self.tree(path)
+        if tree is None:
+            return []
+        here = self.module_of(path)
+        is_pkg = path.endswith("__init__.py")
+        out = []
+        for node in tree.body:
+            if isinstance(node, ast.Import):
+                out += [(a.name, node.lineno) for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = here.split(".") if is_pkg else here.split(".")[:-1]
+                    parts = parts[:len(parts) - (node.level - 1)] if node.level > 1 else parts
+                    base = ".".join(parts + ([base] if base else []))
+                out.append((base, node.lineno))
+                out += [(f"{base}.{a.name}", node.lineno) for a in node.names]
+        return out if lines else [m for m, _ in out]
+
+
+# ---------------------------------------------------------------- verl's rollout registry
+
+def rollout_registry(root: str) -> dict | None:
+    """The rollout names verl's trainer can select at this release, read from its code:
+    `_ROLLOUT_REGISTRY` in workers/rollout/base.py (0.6.1 on), else the if/elif over the rollout
+    name in fsdp_workers._build_rollout (0.4, 0.5). {"names", "where"}; None when neither is there."""
+    sc = Scoper(root)
+    path = sc.path_of("verl.workers.rollout.base")
+    tree = sc.tree(path) if path else None
+    for node in ast.walk(tree) if tree else ():
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Dict):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and "REGISTRY" in t.id.upper() for t in targets):
+                names = []
+                for k in node.value.keys:
+                    first = k.elts[0] if isinstance(k, ast.Tuple) and k.elts else k
+                    if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                        names.append(first.value)
+                if names:
+                    return {"names": sorted(set(names)), "where": f"{sc.rel(path)}:{node.lineno}"}
+    path = sc.path_of("verl.workers.fsdp_workers")
+    tree = sc.tree(path) if path else None
+    for fn in ast.walk(tree) if tree else ():
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.name == "_build_rollout":
+            names, line = set(), fn.lineno
+            for n in ast.walk(fn):
+                if isinstance(n, ast.Compare) and any("name" in w for w in _words(n.left)):
+                    for c in n.comparators:
+                        for x in (c.elts if isinstance(c, (ast.Tuple, ast.List)) else [c]):
+                            if isinstance(x, ast.Constant) and isinstance(x.value, str):
+                                names.add(x.value)
+            if names:
+                return {"names": sorted(names), "where": f"{sc.rel(path)}:{line}"}
+    return None
+
+
+# ---------------------------------------------------------------- helpers
+
+def _enclosing(tree: ast.Module, line: int) -> list[tuple[ast.AST, str]]:
+    """(node, branch) from the outermost block to the innermost that holds `line`."""
+    chain: list[tuple[ast.AST, str]] = []
+
+    def holds(n) -> bool:
+        end = getattr(n, "end_lineno", None) or getattr(n, "lineno", 0)
+        return getattr(n, "lineno", 0) <= line <= end
+
+    def visit(body):
+        for n in body:
+            if not holds(n):
+                continue
+            if isinstance(n, ast.If):
+                if holds(n.test):
+                    return
+                for branch in ("body", "orelse"):
+                    sub = getattr(n, branch)
+                    if any(holds(s) for s in sub):
+                        chain.append((n, branch))
+                        visit(sub)
+                        return
+                return
+            if isinstance(n, ast.Try) or type(n).__name__ == "TryStar":
+                if any(holds(s) for s in n.body):
+                    chain.append((n, "body"))
+                    visit(n.body)
+                    return
+                for h in n.handlers:
+                    if holds(h):
+                        chain.append((n, "handler"))
+                        visit(h.body)
+                        return
+                for branch in ("orelse", "finalbody"):
+                    if any(holds(s) for s in getattr(n, branch)):
+                        visit(getattr(n, branch))
+                        return
+                return
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                chain.append((n, "body"))
+                visit(n.body)
+                return
+            for branch in ("body", "orelse"):
+                sub = getattr(n, branch, None)
+                if isinstance(sub, list) and any(holds(s) for s in sub if isinstance(s, ast.stmt)):
+                    visit(sub)
+                    return
+            return
+    visit(tree.body)
+    return chain
+
+
+def _handler_names(h: ast.ExceptHandler) -> list[str]:
+    if h.type is None:
+        return ["BaseException"]
+    types = h.type.elts if isinstance(h.type, ast.Tuple) else [h.type]
+    return [x.id if isinstance(x, ast.Name) else x.attr if isinstance(x, ast.Attribute) else "?" for x in types]
+
+
+def _callee_name(f: ast.AST) -> str | None:
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+
+
+def _optional_arg(test: ast.expr, func, positive: bool) -> str | None:
+    """`x is not None` / `x` (positive branch) or `x is None` (else branch) for a parameter x of the
+    enclosing function whose default is None: the branch runs only when a caller passes x."""
+    if func is None:
+        return None
+    a = func.args
+    params = a.args + a.kwonlyargs
+    defaults = dict(zip([p.arg for p in a.args][len(a.args) - len(a.defaults):], a.defaults))
+    defaults.update({p.arg: d for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None})
+    none_default = {p.arg for p in params if isinstance(defaults.get(p.arg), ast.Constant)
+                    and defaults[p.arg].value is None}
+    if isinstance(test, ast.Name) and test.id in none_default and positive:
+        return test.id
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.left, ast.Name) \
+            and test.left.id in none_default and isinstance(test.comparators[0], ast.Constant) \
+            and test.comparators[0].value is None:
+        if isinstance(test.ops[0], ast.IsNot) and positive:
+            return test.left.id
+        if isinstance(test.ops[0], ast.Is) and not positive:
+            return test.left.id
+    return None
+
+
+def _short(e: ast.expr) -> str:
+    try:
+        s = ast.unparse(e)
+    except Exception:  # noqa: BLE001 - a label only
+        s = "…"
+    return s if len(s) <= 60 else s[:59] + "…"

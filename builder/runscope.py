@@ -1,0 +1,133 @@
+"""What a user's verl run enters beyond verl's core path: the scopes (vocab.FEATURE_SPECS, `model:T`)
+of a verl YAML config, a launch script with `main_ppo` overrides, or `--feature`/`--model-type` flags.
+
+pick and doctor ask through it, so a run is read one way: a feature is entered when one of its
+descriptor's config keys has the value that switches it on; the model type is read from the
+model folder's config.json when `actor_rollout_ref.model.path` is a local folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+
+from .errors import InputError
+from .probe.vocab import FEATURE, FEATURE_SPECS, FEATURES, MODEL_SCOPE, parse_scope
+
+MODEL_PATH = "actor_rollout_ref.model.path"
+MAX_SCRIPT_BYTES = 1 << 20
+
+
+def flatten(d: object, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            key = f"{prefix}.{k}" if prefix else str(k)
+            if isinstance(v, dict):
+                out.update(flatten(v, key))
+            else:
+                out[key] = v
+    return out
+
+
+def _on(value: object, want: object) -> bool:
+    s = str(value).strip().strip("'\"").lower()
+    if want is True:
+        return s in ("true", "1", "yes", "on")
+    if isinstance(want, str) and want.startswith(">"):
+        try:
+            return float(s) > float(want[1:])
+        except ValueError:
+            return False
+    return s == str(want).lower()
+
+
+def scopes_of(flat: dict[str, object]) -> set[str]:
+    """The features a flat config (`a.b.c` -> value) switches on, and its model type if readable."""
+    out = set()
+    for f in FEATURE_SPECS:
+        for key, want in f.config:
+            if key in flat and _on(flat[key], want):
+                out.add(f.name)
+    path = flat.get(MODEL_PATH)
+    if isinstance(path, str) and os.path.isfile(os.path.join(path, "config.json")):
+        try:
+            with open(os.path.join(path, "config.json"), encoding="utf-8") as fh:
+                mt = json.load(fh).get("model_type")
+        except (OSError, ValueError, AttributeError):
+            mt = None
+        if isinstance(mt, str) and re.fullmatch(r"[A-Za-z0-9_.\-]+", mt):
+            out.add(MODEL_SCOPE + mt.lower())
+    return out
+
+
+def overrides_of_script(path: str) -> list[str]:
+    """The `key=value` overrides a launch script passes to verl's main_ppo (line continuations
+    joined; only the words after `main_ppo` on the command that names it)."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_SCRIPT_BYTES + 1)
+    except OSError as e:
+        raise InputError(path, None, "--config", path, f"cannot read: {e.strerror}") from None
+    text = raw.decode("utf-8", errors="replace").replace("\\\n", " ")
+    out: list[str] = []
+    for line in text.splitlines():
+        if "main_ppo" not in line:
+            continue
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError:
+            words = line.split()
+        after = False
+        for w in words:
+            if after and "=" in w and not w.startswith("-"):
+                out.append(w.lstrip("+~"))
+            elif w.endswith("main_ppo") or w.endswith("main_ppo.py"):
+                after = True
+    return out
+
+
+def scopes_of_config(path: str) -> set[str]:
+    """A verl YAML file or a launch script (anything that is not YAML) -> its scopes."""
+    if path.endswith((".yaml", ".yml")):
+        from .verl_config import load_config_file  # needs PyYAML: only when a YAML file is given
+
+        return scopes_of(flatten(load_config_file(path)))
+    flat = {}
+    for ov in overrides_of_script(path):
+        k, _, v = ov.partition("=")
+        flat[k.strip()] = v.strip()
+    return scopes_of(flat)
+
+
+def scopes_from_flags(features: list[str] | None, model_types: list[str] | None) -> set[str]:
+    out = set()
+    for f in features or []:
+        s = parse_scope(f)
+        if s is None or s not in FEATURE:
+            raise InputError("command line", None, "--feature", f, f"not a feature ({', '.join(FEATURES)})")
+        out.add(s)
+    for t in model_types or []:
+        s = parse_scope(f"model:{t}")
+        if s is None:
+            raise InputError("command line", None, "--model-type", t, "not a model_type (qwen2, qwen3_5, glm4v, ...)")
+        out.add(s)
+    return out
+
+
+def add_run_arguments(p) -> None:
+    p.add_argument("--feature", action="append", metavar="F",
+                   help=f"your run uses this opt-in path of verl (repeatable): {', '.join(FEATURES)}")
+    p.add_argument("--model-type", action="append", metavar="T",
+                   help="your model's model_type (config.json), e.g. qwen2, qwen3_5, glm4v (repeatable)")
+    p.add_argument("--config", metavar="FILE", dest="run_config",
+                   help="your run: a verl YAML config or a launch script with main_ppo overrides")
+
+
+def scopes_from_args(args) -> frozenset:
+    out = scopes_from_flags(getattr(args, "feature", None), getattr(args, "model_type", None))
+    if getattr(args, "run_config", None):
+        out |= scopes_of_config(args.run_config)
+    return frozenset(out)

@@ -1,0 +1,198 @@
+"""A finding's scope (probe/scope.py): the runs that reach it, read from verl's code where it can be
+(the `if` around it, the model-type dispatch, the callers that pass an optional argument, what
+imports a module at load time), from the feature descriptors otherwise; core when undetermined.
+Also verl's rollout registry read from its code. Synthetic verl trees shaped like verl's releases."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from envbuild.probe import vocab
+from envbuild.probe.contract import _static_checks
+from envbuild.probe.scope import Scoper, rollout_registry
+from envbuild.probe.verdict import Verdict
+
+
+def _tree(root, files: dict) -> str:
+    for rel, text in files.items():
+        p = root / "verl" / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(textwrap.dedent(text))
+    for d in [p for p in (root / "verl").rglob("*") if p.is_dir()] + [root / "verl"]:
+        (d / "__init__.py").touch()
+    return str(root / "verl")
+
+
+SGLANG_041 = {
+    "workers/rollout/sglang_rollout/sglang_rollout.py": '''
+        from sglang.srt.managers.io_struct import ResumeMemoryOccupationReqInput, ReleaseMemoryOccupationReqInput
+
+        class AsyncEngine:
+            async def resume_memory_occupation(self, tags=None):
+                if tags is None:
+                    obj = ResumeMemoryOccupationReqInput()
+                else:
+                    obj = ResumeMemoryOccupationReqInput(tags=tags)
+                return obj
+
+            async def release_memory_occupation(self, tags=None):
+                if tags is not None:
+                    return ReleaseMemoryOccupationReqInput(tags=tags)
+                return ReleaseMemoryOccupationReqInput()
+        ''',
+    "workers/sharding_manager/fsdp_sglang.py": '''
+        class M:
+            def wake(self, loop):
+                if self.multi_stage_wake_up:
+                    loop.run_until_complete(self.inference_engine.resume_memory_occupation(tags=["weights"]))
+                else:
+                    loop.run_until_complete(self.inference_engine.resume_memory_occupation())
+        ''',
+    "workers/fsdp_workers.py": '''
+        class W:
+            def _build_rollout(self):
+                rollout_name = self.config.rollout.name
+                if rollout_name == "hf":
+                    pass
+                elif rollout_name == "vllm":
+                    pass
+                elif rollout_name in ["sglang", "sglang_async"]:
+                    pass
+                else:
+                    raise NotImplementedError(rollout_name)
+        ''',
+    "models/transformers/monkey_patch.py": '''
+        def apply_monkey_patch(model):
+            if model.config.model_type in ("qwen3_5", "qwen3_5_moe"):
+                from verl.models.transformers.qwen3_5 import forward
+            elif model.config.model_type == "glm4v":
+                from .glm4v import forward
+            elif model.config.model_type == "qwen2":
+                from .qwen2 import forward
+        ''',
+    "models/transformers/qwen3_5.py": "from transformers.models.qwen3_5 import X\n",
+    "models/transformers/glm4v.py": "def forward():\n    from transformers import Nope\n",
+    "models/transformers/qwen2.py": "from transformers import Missing\n",
+    "workers/actor.py": "from verl.models.transformers.qwen2 import forward\n",
+    "utils/qat/vllm_patch.py": '''
+        import torch
+
+        def patch():
+            from vllm.model_executor.layers.quantization import Gone
+        ''',
+    "utils/vllm/vllm_quant_utils.py": "from vllm import Gone\n",
+    "workers/rollout/vllm_rollout/vllm_async_server.py": '''
+        from verl.utils.vllm import vllm_quant_utils
+
+        def serve(x):
+            if torch.cuda.is_available():
+                from vllm import gpu_only
+            if hasattr(x, "new_api"):
+                x.new_api(flag=True)
+            try:
+                from vllm import fallback_thing
+            except ImportError:
+                fallback_thing = None
+            plain_call(1)
+        ''',
+}
+
+
+@pytest.fixture
+def v041(tmp_path):
+    return _tree(tmp_path, SGLANG_041)
+
+
+def test_an_optional_argument_is_scoped_by_the_callers_that_pass_it(v041):
+    sc = Scoper(v041, "0.4.1")
+    s = sc.scope("verl.workers.rollout.sglang_rollout.sglang_rollout", 9, True)
+    assert s["scope"] == "multi_stage_wake_up" and s["from"] == "code"
+    assert "fsdp_sglang.py:5" in s["why"]
+    # no caller in verl passes tags to release_memory_occupation: an argument guard, not core
+    s = sc.scope("verl.workers.rollout.sglang_rollout.sglang_rollout", 14, True)
+    assert s["scope"] == "guard:argument:tags" and "no call in verl passes it" in s["why"]
+
+
+def test_model_patches_are_scoped_by_model_type_from_monkey_patch(v041):
+    sc = Scoper(v041, "0.8.0")
+    s = sc.scope("verl.models.transformers.qwen3_5", 1)
+    assert s["scope"] == "model:qwen3_5,qwen3_5_moe" and "monkey_patch.py" in s["why"]
+    assert sc.scope("verl.models.transformers.glm4v", 2, True)["scope"] == "model:glm4v"  # relative import
+    # also imported at load time by a module outside the dispatch: every model loads it
+    assert sc.scope("verl.models.transformers.qwen2", 1)["scope"] == vocab.CORE
+
+
+def test_guards_around_the_line(v041):
+    sc = Scoper(v041, "0.9.1")
+    mod = "verl.workers.rollout.vllm_rollout.vllm_async_server"
+    assert sc.scope(mod, 6, True)["scope"] == "guard:gpu-only"
+    assert sc.scope(mod, 8, True)["scope"] == "guard:runtime-check"
+    assert sc.scope(mod, 10, True)["scope"] == "guard:fallback"
+    # unguarded, in the async server, which verl 0.9.1 runs by default: core
+    s = sc.scope(mod, 13, True)
+    assert s["scope"] == vocab.CORE and "on by default at verl 0.9.1" in s["why"]
+    # the same module at a release where async is opt-in
+    assert Scoper(v041, "0.6.0").scope(mod, 13, True)["scope"] == "async"
+
+
+def test_feature_modules_from_data_unless_a_core_module_loads_them(v041):
+    sc = Scoper(v041, "0.9.1")
+    s = sc.scope("verl.utils.qat.vllm_patch", 5, True)
+    assert s["scope"] == "quantization" and s["from"] == "data"
+    # module level of a feature module that the async server imports at load time: core
+    s = sc.scope("verl.utils.vllm.vllm_quant_utils", 1, False)
+    assert s["scope"] == vocab.CORE and "vllm_async_server.py:2" in s["why"]
+    # nothing known: core, and it says so
+    s = sc.scope("verl.workers.somewhere", None)
+    assert s == {"scope": vocab.CORE, "from": "undetermined", "why": "scope not determined: counts as core"}
+
+
+def test_rollout_registry_from_code(tmp_path, v041):
+    assert rollout_registry(v041)["names"] == ["hf", "sglang", "sglang_async", "vllm"]
+    new = _tree(tmp_path / "new", {"workers/rollout/base.py": '''
+        _ROLLOUT_REGISTRY = {
+            ("vllm", "async"): "verl.workers.rollout.vllm_rollout.ServerAdapter",
+            ("sglang", "async"): "verl.workers.rollout.sglang_rollout.ServerAdapter",
+            ("trtllm", "async"): "x",
+        }
+        '''})
+    reg = rollout_registry(new)
+    assert reg["names"] == ["sglang", "trtllm", "vllm"] and reg["where"] == "verl/workers/rollout/base.py:2"
+
+
+def _static(findings, calls=(), registry=None, engine="hf"):
+    return {"static": {"verl.m": {"checked": 3, "findings": list(findings), "calls": list(calls), "unreachable": []}},
+            "targets": ["torch", "transformers"], "registry": registry, "engine": engine}
+
+
+def test_scoped_findings_leave_the_verdict_and_core_ones_fail_it():
+    scoped = {"file": "verl/m.py", "line": 3, "module": "transformers.x", "name": "Y", "function": True,
+              "where": "no Y", "gated": False, "scope": {"scope": "model:glm4v", "from": "code", "why": "glm4v only"}}
+    v = Verdict(level="contract", engine="hf")
+    _static_checks(v, _static([scoped], registry={"names": ["hf", "vllm"], "where": "w:1"}))
+    names = {c.name: c for c in v.checks}
+    assert names["static:verl.m@model:glm4v"].status == "fail" and names["static:verl.m"].status == "pass"
+    assert names["registry:rollout"].status == "pass"
+    assert v.status == "pass" and v.scoped() == {"model:glm4v": ["static:verl.m@model:glm4v"]}
+    core = dict(scoped, scope={"scope": "core", "from": "undetermined", "why": "scope not determined: counts as core"})
+    v = Verdict(level="contract", engine="hf")
+    _static_checks(v, _static([core]))
+    assert v.status == "fail" and "counts as core" in v.checks[-1].detail
+
+
+def test_an_engine_verls_registry_cannot_select_is_broken_at_core():
+    v = Verdict(level="contract", engine="hf")
+    _static_checks(v, _static([], registry={"names": ["sglang", "trtllm", "vllm"], "where": "verl/workers/rollout/base.py:88"}))
+    c = next(c for c in v.checks if c.name == "registry:rollout")
+    assert c.status == "fail" and c.cause == "rollout-not-registered" and "base.py:88" in c.detail
+    assert v.status == "fail"
+
+
+def test_feature_defaults_follow_verls_releases():
+    assert vocab.feature_default_on("async", "0.7.1") and not vocab.feature_default_on("async", "0.6.1")
+    assert vocab.feature_default_on("sync", "0.6.1") and not vocab.feature_default_on("sync", "0.7.0")
+    assert not vocab.feature_default_on("quantization", "0.9.1")
+    assert vocab.parse_scope("multi-stage-wake-up") == "multi_stage_wake_up"
+    assert vocab.parse_scope("model_type=Qwen3_5") == "model:qwen3_5" and vocab.parse_scope("nonsense") is None
