@@ -10,7 +10,7 @@ import time
 import traceback
 
 from . import prefetch, sidebyside, warmup
-from .verdict import ERROR, FAIL, Verdict, write_json
+from .verdict import ERROR, FAIL, SKIPPED, Verdict, write_json
 from .vocab import ENGINE, ENGINES, EXIT_INFRA, EXIT_OF_STATUS, EXPECT_KEYS, LEVELS
 
 
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> Verdict:
         opt = GpuOptions(prompts=args.prompts, n=args.n, max_tokens=args.max_tokens,
                          engine_dtype=args.engine_dtype, tol_max=args.tol_max, tol_mean=args.tol_mean,
                          seed=args.seed, scratch=args.scratch)
-        steps["gpu"] = lambda t: run_gpu(t, expect, args.engine, opt)
+        steps["gpu"] = lambda t: _gpu_level(t, expect, args.engine, opt)
     child = None
     if side:
         child = sidebyside.ContractChild(args.engine, expect)  # its imports start now, on another core
@@ -108,6 +108,23 @@ def run(args: argparse.Namespace) -> Verdict:
             v.timings["prefetch"] = done["seconds"]
         v.timings.update(warmup.timings())
     return v
+
+
+def _gpu_level(v: Verdict, expect: dict, engine: str, opt) -> None:
+    """envbuild's engine-level step first (fast: says whether the engine itself broke), then verl's
+    own trainer for one GRPO step (whether verl's use of the engine works): verl_step.py."""
+    from .gpu_level import run_gpu
+    from .verl_step import engine_step_summary, run_verl_step
+
+    t0 = time.perf_counter()
+    run_gpu(v, expect, engine, opt)
+    engine_step_summary(v, time.perf_counter() - t0)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        if int(os.environ.get("RANK", "0")) == 0:
+            v.add("verl-step", SKIPPED, "verl's step runs in a single-process probe (this one runs under torchrun)")
+        return
+    from .contract import gpu_present
+    run_verl_step(v, engine, gpu=gpu_present(), scratch=opt.scratch)
 
 
 def _stops(args: argparse.Namespace, v: Verdict) -> bool:
