@@ -1,0 +1,91 @@
+"""A row broken only where a run opts in: the fold keeps its status and lists the scope, and every
+reader answers per run through the one query (pick --feature/--model-type/--config, compat.md)."""
+
+from __future__ import annotations
+
+from table_fixtures import combo, image, rec
+
+from envbuild.fold import fold_combo
+from envbuild.probe.verdict import Verdict
+from envbuild.query import Ask, answer, why_not
+from envbuild.row import Row, Table
+from envbuild.runscope import overrides_of_script, scopes_from_flags, scopes_of, scopes_of_config
+from envbuild.selector import Selectors
+from envbuild.views import md_row
+
+C = combo(verl="0.9.1", ev="0.24.0", torch="2.11.0", cuda="cu130")
+
+
+def _contract(scoped: str | None, core_fail: bool = False) -> dict:
+    v = Verdict(level="contract", engine="vllm")
+    with v.at_level("env"):
+        v.add("python", "pass")
+    with v.at_level("contract"):
+        v.add("import:verl.workers.rollout", "pass")
+        if scoped:
+            v.add(f"calls:verl.utils.modelopt.vllm_modelopt_patch@{scoped}", "fail",
+                  "verl/utils/modelopt/vllm_modelopt_patch.py:435 make_nvfp4_moe_kernel(): no parameter 'shared_experts'",
+                  "call-signature-drift", scope=scoped, scope_from="data")
+        if core_fail:
+            v.add("static:verl.workers.rollout.vllm_rollout.vllm_async_server", "fail", "x.py:1 no name", "static-import-missing")
+    return v.to_dict()
+
+
+def _table(*recs) -> Table:
+    return Table(rows=[fold_combo(list(recs))])
+
+
+def test_a_scoped_failure_keeps_the_row_verified_and_lists_the_scope():
+    row = fold_combo([rec(C, {"contract": _contract("quantization")}, img=image(C), run=1)])
+    assert row.status == "verified" and row.best_level == "contract"
+    s = row.scopes["quantization"]
+    assert s["checks"] == ["calls:verl.utils.modelopt.vllm_modelopt_patch@quantization"]
+    assert "vllm_modelopt_patch.py:435" in s["detail"] and s["from"] == "data" and s["where"] == "image"
+    assert "QAT" in s["label"]
+    assert Row.from_dict(row.to_dict()).scopes == row.scopes  # round-trips through compat.json
+    assert "broken with QAT" in md_row(row)["scopes"]
+
+
+def test_a_core_failure_still_breaks_the_row():
+    row = fold_combo([rec(C, {"contract": _contract("quantization", core_fail=True)}, img=image(C), run=1)])
+    assert row.status == "broken" and row.failure.cause == "static-import-missing"
+
+
+def test_pick_answers_per_run():
+    t = _table(rec(C, {"contract": _contract("quantization")}, img=image(C), run=1))
+    sel = Selectors(engine="vllm", engine_version="0.24.0")
+    assert answer(t, Ask(sel)).best is not None  # verl's default run: the row answers
+    a = Ask(sel, scopes=frozenset({"quantization"}))
+    ans = answer(t, a)
+    assert ans.best is None and "broken for your run" in why_not(ans.rows[0], a)
+    assert answer(t, Ask(sel, scopes=frozenset({"lora", "model:qwen2"}))).best is not None
+    assert "--feature quantization" in a.describe()
+
+
+def test_model_type_scopes_match_any_listed_type():
+    v = Verdict(level="contract", engine="vllm")
+    with v.at_level("contract"):
+        v.add("static:verl.models.transformers.qwen3_5@model:qwen3_5,qwen3_5_moe", "fail", "qwen3_5.py:22",
+              "static-import-missing", scope="model:qwen3_5,qwen3_5_moe", scope_from="code")
+    t = _table(rec(C, {"contract": v.to_dict()}, img=image(C), run=1))
+    sel = Selectors(engine="vllm")
+    assert answer(t, Ask(sel, scopes=frozenset({"model:qwen3_5_moe"}))).best is None
+    assert answer(t, Ask(sel, scopes=frozenset({"model:qwen3"}))).best is not None
+
+
+def test_a_run_is_read_from_flags_a_yaml_config_and_a_launch_script(tmp_path):
+    assert scopes_from_flags(["multi-stage-wake-up"], ["Qwen3_5"]) == {"multi_stage_wake_up", "model:qwen3_5"}
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "glm4v"}')
+    script = tmp_path / "run_grpo.sh"
+    script.write_text("set -x\npython3 -m verl.trainer.main_ppo \\\n  algorithm.adv_estimator=grpo \\\n"
+                      "  actor_rollout_ref.rollout.mode=async \\\n"
+                      f"  actor_rollout_ref.model.path={model} \\\n  actor_rollout_ref.model.lora_rank=64 $@\n")
+    assert "actor_rollout_ref.model.lora_rank=64" in overrides_of_script(str(script))
+    assert scopes_of_config(str(script)) == {"async", "lora", "model:glm4v"}
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("actor_rollout_ref:\n  actor:\n    fsdp_config:\n      qat:\n        enable: true\n"
+                   "  model:\n    lora_rank: 0\n")
+    assert scopes_of_config(str(cfg)) == {"quantization"}
+    assert scopes_of({"actor_rollout_ref.rollout.mode": "sync"}) == {"sync"}
