@@ -44,12 +44,14 @@ def _on(value: object, want: object) -> bool:
     return s == str(want).lower()
 
 
-def scopes_of(flat: dict[str, object]) -> set[str]:
-    """The features a flat config (`a.b.c` -> value) switches on, and its model type if readable."""
+def scopes_of(flat) -> set[str]:
+    """The features a config switches on, and its model type if readable. `flat`: `a.b.c` -> value
+    (a dict, or anything with .get, such as doctor's composed VerlConfig)."""
     out = set()
     for f in FEATURE_SPECS:
         for key, want in f.config:
-            if key in flat and _on(flat[key], want):
+            got = flat.get(key)
+            if got is not None and _on(got, want):
                 out.add(f.name)
     path = flat.get(MODEL_PATH)
     if isinstance(path, str) and os.path.isfile(os.path.join(path, "config.json")):

@@ -89,3 +89,18 @@ def test_a_run_is_read_from_flags_a_yaml_config_and_a_launch_script(tmp_path):
                    "  model:\n    lora_rank: 0\n")
     assert scopes_of_config(str(cfg)) == {"quantization"}
     assert scopes_of({"actor_rollout_ref.rollout.mode": "sync"}) == {"sync"}
+
+
+def test_doctor_fails_a_run_that_enters_a_broken_scope_and_passes_one_that_avoids_it(monkeypatch):
+    import envbuild.trust as trust
+    from envbuild.doctor.common import Options
+    from envbuild.doctor.tablecheck import check_table
+
+    t = _table(rec(C, {"contract": _contract("quantization")}, img=image(C), run=1))
+    monkeypatch.setattr(trust, "load_verified", lambda *a, **k: (t, {}))
+    versions = {"verl": "0.9.1", "vllm": "0.24.0", "torch": "2.11.0+cu130", "torch_variant": "cu130", "python": "3.11.7"}
+    opt = Options(table="t", pubkey="k", platform="linux/amd64")
+    ok = check_table(opt, "vllm", versions, frozenset({"lora"}))
+    assert ok.status == "pass" and "broken only with quantization, which this run does not use" in ok.reason
+    bad = check_table(opt, "vllm", versions, frozenset({"quantization"}))
+    assert bad.status == "fail" and "broken for this run" in bad.reason and "--feature quantization" in bad.fix

@@ -30,7 +30,8 @@ def check_env(cfg: VerlConfig, opt: Options) -> list[Result]:
     out += check_host(out[0].details.get("verdict") or {}, opt)
     if opt.table:
         versions = out[0].details.get("versions") or installed_versions(engine)
-        out.append(check_table(opt, engine, versions))
+        from ..runscope import scopes_of
+        out.append(check_table(opt, engine, versions, frozenset(scopes_of(cfg))))
     return out
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import EnvbuildError
-from ..query import exact
+from ..query import exact, scope_hits
 from ..probe.vocab import DEFAULT_PLATFORM, ENGINE, LEVELS, host_platform, is_failing, variant_tag
 from .common import (FAIL, PASS, WARN, Options, Result)
 
@@ -14,9 +14,10 @@ def _release(v: Any) -> str:
     return str(v or "").split("+", 1)[0]
 
 
-def check_table(opt: Options, engine: str, versions: dict) -> Result:
+def check_table(opt: Options, engine: str, versions: dict, scopes: frozenset = frozenset()) -> Result:
     """The installed stack's row on this machine's platform, found by the one query (the row pick
-    and the page would name for exactly these versions)."""
+    and the page would name for exactly these versions). `scopes`: what the user's run enters
+    beyond verl's core path (runscope.scopes_of): a scope the row is broken under fails."""
     try:
         from ..trust import load_verified
     except ImportError as e:
@@ -63,7 +64,20 @@ def check_table(opt: Options, engine: str, versions: dict) -> Result:
     if passed and opt.insecure:  # unsigned evidence is worth a note, not a pass
         return Result("env", "env.table", WARN, f"{label} passed {passed} in a table whose signature was "
                       "NOT checked (--insecure)", "drop --insecure and pass --pubkey", d)
+    hits = scope_hits(tuple(row.scopes), scopes)
+    d["scopes"] = {"entered": sorted(scopes), "broken_entered": hits,
+                   "broken_avoided": [s for s in row.scopes if s not in hits]}
+    if hits:
+        e = row.scopes[hits[0]]
+        return Result("env", "env.table", FAIL, f"{label} is broken for this run: with {e.get('label') or hits[0]}: "
+                      + (str(e.get("detail") or "").splitlines() or [""])[0],
+                      "switch that feature off, or pick a stack verified for it "
+                      f"(`envbuild pick --feature {hits[0]}`)" if not hits[0].startswith("model:") else
+                      f"pick a stack verified for this model (`envbuild pick --model-type {hits[0][6:].split(',')[0]}`)", d)
+    avoided = f"; broken only with {', '.join(d['scopes']['broken_avoided'])}, which this run does not use" \
+        if d["scopes"]["broken_avoided"] else ""
     if row.status == "verified":
-        return Result("env", "env.table", PASS, f"{label} verified in the signed table at {passed}", details=d)
+        return Result("env", "env.table", PASS, f"{label} verified in the signed table at {passed}{avoided}",
+                      details=d)
     return Result("env", "env.table", WARN, f"{label} is in the table but {row.status} ({levels})",
                   "run `envbuild build` / `envbuild probe` for it", d)
