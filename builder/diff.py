@@ -112,7 +112,23 @@ def compare(old: Table, new: Table, old_src: str = "OLD", new_src: str = "NEW") 
                 kind = "undecided"  # was decided, now the machine could not tell: visible, not fatal
             if kind:
                 d.changes.append(Change(kind, cid, lv, so, sn, co, cn, (n.detail or "")[:600]))
+        _scope_changes(d, cid, a[cid], b[cid])
     return d
+
+
+def _scope_changes(d: Diff, cid: str, ra: Row, rb: Row) -> None:
+    """Per scope (a feature, a model type): a run that opts in broke (regression) or works again
+    (fixed). A scope newly listed on a row that was broken before is no regression: before scopes
+    every finding counted against the whole row."""
+    was_broken = ra.status == "broken"
+    for sc in sorted(rb.scopes.keys() - ra.scopes.keys()):
+        if not was_broken:
+            e = rb.scopes[sc]
+            d.changes.append(Change("regression", cid, f"scope {sc}", PASS, "fail", None,
+                                    ",".join(e.get("checks") or []) or sc, str(e.get("detail") or "")[:600]))
+    for sc in sorted(ra.scopes.keys() - rb.scopes.keys()):
+        if rb.status != "broken":
+            d.changes.append(Change("fixed", cid, f"scope {sc}", "fail", PASS, sc, None, ""))
 
 
 # ---------------------------------------------------------------- rendering

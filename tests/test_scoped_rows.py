@@ -104,3 +104,13 @@ def test_doctor_fails_a_run_that_enters_a_broken_scope_and_passes_one_that_avoid
     assert ok.status == "pass" and "broken only with quantization, which this run does not use" in ok.reason
     bad = check_table(opt, "vllm", versions, frozenset({"quantization"}))
     assert bad.status == "fail" and "broken for this run" in bad.reason and "--feature quantization" in bad.fix
+
+
+def test_diff_reports_a_regression_per_scope():
+    from envbuild.diff import compare
+
+    old = _table(rec(C, {"contract": _contract(None)}, img=image(C), run=1))
+    new = _table(rec(C, {"contract": _contract("quantization")}, img=image(C), run=2))
+    d = compare(old, new)
+    assert [(c.kind, c.level) for c in d.changes] == [("regression", "scope quantization")]
+    assert [(c.kind, c.level) for c in compare(new, old).changes] == [("fixed", "scope quantization")]
