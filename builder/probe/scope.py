@@ -16,6 +16,8 @@ import fnmatch
 import os
 import re
 
+from .staticcalls import Trees
+from .staticimports import _sources
 from .vocab import (
     CORE, FEATURE, FEATURE_SPECS, GUARD_SCOPE, MODEL_SCOPE, SCOPE_FROM_CODE, SCOPE_FROM_DATA, SCOPE_UNDETERMINED,
     feature_default_on,
@@ -62,10 +64,9 @@ class Scoper:
     def __init__(self, root: str, verl_version: str | None = None):
         self.root = root  # .../verl
         self.verl = verl_version
-        self._trees: dict[str, ast.Module | None] = {}
+        self._trees = Trees()  # syntax trees, parsed once
         self._models: dict[str, tuple[list[str], str]] | None = None
         self._importers: dict[str, list[str]] | None = None
-        self._sources: list[tuple[str, str]] | None = None
 
     # -- files
     def path_of(self, mod: str) -> str | None:
@@ -80,29 +81,10 @@ class Scoper:
         return os.path.relpath(path, os.path.dirname(self.root))
 
     def tree(self, path: str) -> ast.Module | None:
-        if path not in self._trees:
-            try:
-                with open(path, "rb") as f:
-                    self._trees[path] = ast.parse(f.read(), filename=path)
-            except (OSError, SyntaxError, ValueError):
-                self._trees[path] = None
-        return self._trees[path]
+        return self._trees.get(path)
 
     def sources(self) -> list[tuple[str, str]]:
-        if self._sources is None:
-            out = []
-            for dirpath, dirs, files in os.walk(self.root):
-                dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-                for f in sorted(files):
-                    if f.endswith(".py"):
-                        p = os.path.join(dirpath, f)
-                        try:
-                            with open(p, encoding="utf-8", errors="replace") as fh:
-                                out.append((p, fh.read()))
-                        except OSError:
-                            continue
-            self._sources = out
-        return self._sources
+        return _sources(self.root)  # every .py file of verl, read once per process
 
     def module_of(self, path: str) -> str:
         rel = os.path.relpath(path, os.path.dirname(self.root))[:-3].split(os.sep)
