@@ -5,6 +5,8 @@ a team configures before the first night and what a night costs."""
 from __future__ import annotations
 
 import re
+import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -45,7 +47,9 @@ def checklist(m, combos: int, gpu_runners: bool, labels: list[str], install: str
         "  variable  ENVBUILD_PUBKEY        its public half (pubkey.json): what the last table must verify with",
         "  variable  ENVBUILD_REPOSITORY    optional: where images go (default ghcr.io/<owner>/<repo>)",
         "  variable  ENVBUILD_TABLE_URL     optional: where the table is served (default the Pages URL)",
-        f"  variable  ENVBUILD_INSTALL       optional: how jobs install envbuild (default {install!r})",
+        f"  variable  ENVBUILD_INSTALL       optional: how jobs install envbuild (default {install!r}, written into "
+        "the workflow); if you set it, pin it the same way: "
+        f"gh variable set ENVBUILD_INSTALL --body {shlex.quote(install)}",
         "  secrets   ENVBUILD_INDEX_URL, ENVBUILD_PYTORCH_INDEX, ENVBUILD_CA_BUNDLE: optional mirrors and CA",
         "  Pages     Settings > Pages > Source: GitHub Actions",
     ]
@@ -84,8 +88,10 @@ def add_arguments(g) -> None:
     g.add_argument("--arm64-build-runner", default=DEFAULT_ARM64_BUILD_RUNNER,
                    help=f"runner building linux/arm64 rows natively (default: {DEFAULT_ARM64_BUILD_RUNNER})")
     g.add_argument("--install", default=None, metavar="SPEC",
-                   help="what jobs `pip install` (default: `.` in envbuild's own repository, else "
-                        "envbuild==<this version>); vars.ENVBUILD_INSTALL overrides it at run time")
+                   help="what jobs `pip install`, pinned to one build: git+https://HOST/PATH@<commit> or a wheel "
+                        "URL#sha256=<hash> (default: `.` in envbuild's own repository, else this envbuild's "
+                        "git checkout pinned by commit; required when neither); vars.ENVBUILD_INSTALL overrides "
+                        "it at run time")
     g.add_argument("--gpu-runners", choices=("yes", "none"), default="yes",
                    help="none: no probe jobs; builds probe env and contract on their CPU (default: yes)")
     g.add_argument("--action-pins", metavar="FILE",
@@ -103,14 +109,47 @@ def render_actionlint_config(labels: list[str], out: str) -> str:
     return head + dump_yaml({"self-hosted-runner": {"labels": list(labels)}})
 
 
+_PINNED_GIT = re.compile(r"^git\+(https|ssh)://[^\s@]+(?:@[^\s@]+)?\.git@[0-9a-f]{40}$|"
+                         r"^git\+(https|ssh)://[^\s@]+@[0-9a-f]{40}$")
+_WHEEL_BY_HASH = re.compile(r"^(?:envbuild\s*@\s*)?\S+\.whl#sha256=[0-9a-f]{64}$")
+
+
+def check_install(spec: str) -> str:
+    """An install spec that can only mean one build of envbuild: `.` (envbuild's own repository),
+    git+https/ssh pinned by a 40-hex commit, or a wheel pinned by its sha256. A bare name
+    (`envbuild==0.1.0`) is refused: envbuild is not published under that name on the package index,
+    so whoever registers it would run code in every adopter's nightly, with their secrets."""
+    s = spec.strip()
+    if s == "." or _PINNED_GIT.match(s) or _WHEEL_BY_HASH.match(s):
+        return s
+    raise InputError("command line", None, "--install", spec,
+                     "not pinned to one build: use git+https://HOST/PATH@<40-hex commit> or "
+                     "URL/envbuild-X-py3-none-any.whl#sha256=<64 hex> (a bare name on the index is not envbuild's)")
+
+
 def _default_install() -> str:
-    """`.` where this repository is envbuild itself, else this envbuild's release."""
-    from . import __version__
+    """`.` where this repository is envbuild itself, else this envbuild's own source pinned by
+    commit (git+URL@<commit>, when it runs from a git checkout with an https/ssh origin); None when
+    neither can be said: then `--install` is required."""
     try:
         text = Path("pyproject.toml").read_text()
     except OSError:
         text = ""
-    return "." if re.search(r'(?m)^name\s*=\s*"envbuild"', text) else f"envbuild=={__version__}"
+    if re.search(r'(?m)^name\s*=\s*"envbuild"', text):
+        return "."
+    src = Path(__file__).resolve().parent.parent
+
+    def git(*a: str) -> str:
+        try:
+            return subprocess.run(["git", "-C", str(src), *a], capture_output=True, text=True,
+                                  timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    url, head, dirty = git("config", "--get", "remote.origin.url"), git("rev-parse", "HEAD"), \
+        git("status", "--porcelain", "--untracked-files=no")
+    if re.match(r"^(https|ssh)://", url) and re.fullmatch(r"[0-9a-f]{40}", head) and not dirty:
+        return f"git+{url}@{head}"
+    return None
 
 
 def _run_github(args) -> int:
@@ -128,7 +167,11 @@ def _run_github(args) -> int:
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", lb):
             raise InputError("command line", None, "--runner-label", lb, "not a runner label")
     custom = list(dict.fromkeys(labels + (arm_labels if "linux/arm64" in m.platforms else [])))
-    install = args.install or _default_install()
+    install = check_install(args.install) if args.install else _default_install()
+    if install is None:
+        raise InputError("command line", None, "--install", "",
+                         "required here: say which envbuild the nightly installs, pinned (git+https://HOST/PATH@"
+                         "<40-hex commit> or a wheel URL#sha256=<hash>); envbuild is not on the package index")
     gpu = args.gpu_runners != "none"
     pins = load_pins(args.action_pins) if args.action_pins else {}
     opt = out_option(args.out) + ("" if args.matrix == DEFAULT_WORKFLOW_MATRIX else f" --matrix {args.matrix}") \

@@ -396,13 +396,19 @@ def test_a_workflow_for_a_team_repository(tmp_path, run_cli):
     shutil.copy(ROOT / "matrix" / "verl.yaml", repo / "matrix" / "verl.yaml")
     pins = tmp_path / "pins.yaml"
     pins.write_text("actions/checkout@v5: " + "a" * 40 + "\n")
-    p = run_cli("ci", "github", "--gpu-runners", "none", "--action-pins", pins, cwd=repo)
+    # Issue 49: a bare name on the index is not envbuild's; the spec must pin one build.
+    bad = run_cli("ci", "github", "--gpu-runners", "none", "--install", "envbuild==0.1.0", cwd=repo)
+    assert bad.returncode == 2 and "not pinned to one build" in bad.stderr and not (repo / ".github").exists()
+    unpinned = run_cli("ci", "github", "--install", "git+https://example.invalid/envbuild.git@main", cwd=repo)
+    assert unpinned.returncode == 2
+    spec = "git+https://example.invalid/envbuild.git@" + "0123456789abcdef" * 2 + "01234567"
+    p = run_cli("ci", "github", "--gpu-runners", "none", "--action-pins", pins, "--install", spec, cwd=repo)
     assert p.returncode == 0, p.stderr
     text = (repo / ".github" / "workflows" / "envbuild-nightly.yml").read_text()
     wf = yaml.safe_load(text)
-    from envbuild import __version__
     install = next(s for s in wf["jobs"]["plan"]["steps"] if s.get("name") == "Install envbuild")
-    assert install["env"]["ENVBUILD_INSTALL"] == "${{ vars.ENVBUILD_INSTALL || 'envbuild==" + __version__ + "' }}"
+    assert install["env"]["ENVBUILD_INSTALL"] == "${{ vars.ENVBUILD_INSTALL || '" + spec + "' }}"
+    assert "gh variable set ENVBUILD_INSTALL --body " + spec in p.stderr
     assert "probe" not in wf["jobs"] and wf["jobs"]["publish"]["needs"] == ["plan", "build"]
     assert "--probe cpu" in "\n".join(s.get("run", "") for s in wf["jobs"]["build"]["steps"])
     assert "uses: actions/checkout@" + "a" * 40 + " # v5" in text and "actions/checkout@v5\n" not in text
@@ -412,7 +418,8 @@ def test_a_workflow_for_a_team_repository(tmp_path, run_cli):
                                str(repo / ".github" / "workflows" / "envbuild-nightly.yml")], capture_output=True, text=True)
         assert lint.returncode == 0, lint.stdout
     # --check: the options are in the header, so regenerating the same way finds it up to date
-    assert run_cli("ci", "github", "--gpu-runners", "none", "--action-pins", pins, "--check", cwd=repo).returncode == 0
+    assert run_cli("ci", "github", "--gpu-runners", "none", "--action-pins", pins, "--install", spec, "--check",
+                   cwd=repo).returncode == 0
     bare = tmp_path / "bare"
     bare.mkdir()
     q = run_cli("ci", "github", cwd=bare)
