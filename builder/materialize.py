@@ -91,6 +91,24 @@ def node_dists(python: str) -> dict[str, dict]:
     return {canonicalize_name(k): v for k, v in json.loads(p.stdout).items()}
 
 
+def _inside(wheelhouse: Path, rel: object, field: str) -> None:
+    """A path the manifest names must lie inside the wheelhouse (a manifest is input, not trusted)."""
+    root = wheelhouse.resolve()
+    ok = isinstance(rel, str) and rel and not os.path.isabs(rel)
+    if ok:
+        target = (root / rel).resolve()
+        ok = target == root or root in target.parents
+    if not ok:
+        raise InputError(str(wheelhouse / MANIFEST), None, field, rel, "a path outside the wheelhouse")
+
+
+def check_paths(wheelhouse: Path, row: dict) -> None:
+    for i, rel in enumerate(row.get("locks") or []):
+        _inside(wheelhouse, rel, f"locks[{i}]")
+    for i, f in enumerate(row.get("files") or []):
+        _inside(wheelhouse, f.get("file") if isinstance(f, dict) else f, f"files[{i}].file")
+
+
 def select_row(manifest: dict, sel) -> tuple[str, dict]:
     rows = [(rid, r) for rid, r in manifest["rows"].items() if sel.matches(
         **{k: r["combo"].get(k) for k in ("cuda", "python", "torch", "engine", "engine_version", "verl", "platform")})]
@@ -257,6 +275,7 @@ def run(args) -> int:
 
         sel = replace(sel, platform=host_platform() or DEFAULT_PLATFORM)
     row_id, row = select_row(manifest, sel)
+    check_paths(wheelhouse, row)
     try:
         info = materialize(row_id, row, wheelhouse, Path(args.out), args.node_python, args.host_packages,
                            compile_bytecode=not args.no_compile)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -43,15 +44,29 @@ def _priority(tags: list[Tag]) -> dict[Tag, int]:
     return {t: i for i, t in enumerate(tags)}
 
 
+_SAFE_FILENAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+!\-]*$")
+
+
+def safe_filename(name: object) -> bool:
+    """A file name from the index that is one plain base name (it becomes a path under --out and the
+    census cache): no folder, no `..`, no leading dot, no odd characters."""
+    return isinstance(name, str) and len(name) <= 255 and bool(_SAFE_FILENAME.match(name)) and ".." not in name
+
+
 def choose_file(files: list[dict], version: str, hashes: set[str], prio: dict[Tag, int]) -> dict | None:
     """The file of this pin for this platform: among the index's files whose sha256 the lock lists,
-    the wheel with the most specific compatible tag; else the sdist (built on the node)."""
+    the wheel with the most specific compatible tag; else the sdist (built on the node). A file whose
+    name is not one plain base name (`../../x-1.0.tar.gz`) is never a candidate."""
     best, best_rank, sdist = None, None, None
     for f in files:
-        sha = (f.get("hashes") or {}).get("sha256")
+        if not isinstance(f, dict):
+            continue
+        sha = (f.get("hashes") or {}).get("sha256") if isinstance(f.get("hashes"), dict) else None
         if sha not in hashes:
             continue
         name = f.get("filename", "")
+        if not safe_filename(name):
+            continue
         if name.endswith(".whl"):
             try:
                 tags = parse_wheel_filename(name)[3]
