@@ -15,7 +15,7 @@ import os
 import sys
 
 from .about import VersionAction
-from .errors import EnvbuildError
+from .errors import EnvbuildError, MissingDependency
 
 # name -> (module, one-line help). One table; order is the order shown in --help.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -41,20 +41,25 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """`only`: import just that command's module (the others' imports cost ~0.1-0.3 s)."""
+def build_parser(only: str | None = None, lazy: bool = False) -> argparse.ArgumentParser:
+    """`only`: import just that command's module (the others' imports cost ~0.1-0.3 s). `lazy`:
+    import none (the top-level --help lists the commands from the table, so it works whatever
+    optional dependency is missing)."""
     parser = argparse.ArgumentParser(prog="envbuild", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action=VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (modname, helptext) in COMMANDS.items():
         if only and name != only:
             continue
+        if lazy:
+            sub.add_parser(name, help=helptext, description=helptext)
+            continue
         try:
             mod = importlib.import_module(modname)
         except ModuleNotFoundError as e:
-            if e.name != modname:
-                raise
-            continue  # command not built yet
+            if e.name == modname:
+                continue  # command not built yet
+            raise MissingDependency(name, e.name or "?") from None
         p = sub.add_parser(name, help=helptext, description=helptext)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
@@ -70,7 +75,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"envbuild: unknown command {argv[0]!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
               + f"; commands: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
-    parser = build_parser(one)
+    # No command named (--help, --version, nothing): list the commands without importing any.
+    lazy = one is None and not (argv and argv[0] == "completion")
+    try:
+        parser = build_parser(one, lazy=lazy)
+    except MissingDependency as e:
+        print(f"envbuild: {e}", file=sys.stderr)
+        return 2
     parser.set_defaults(_parser=parser)
     args, extra = parser.parse_known_args(argv)
     if extra:

@@ -30,6 +30,18 @@ class EnvbuildError(Exception):
     exit_code = BAD_INPUT
 
 
+class MissingDependency(EnvbuildError):
+    """A command whose module needs a distribution this install lacks (the pick-only install)."""
+
+
+    def __init__(self, command: str, module: str):
+        top = module.split(".")[0]
+        dist = {"yaml": "PyYAML", "jinja2": "Jinja2", "hydra": "hydra-core", "omegaconf": "omegaconf",
+                "oras": "oras", "rich": "rich", "requests": "requests", "uv": "uv"}.get(top, top)
+        super().__init__(f"envbuild {command} needs {dist} (module {top!r}), which this install lacks: "
+                         f"pip install envbuild's full dependencies (pip install <envbuild source>, without --no-deps)")
+
+
 class InputError(EnvbuildError):
     """Bad user input: names the file, line, field and value."""
 

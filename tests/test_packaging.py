@@ -112,3 +112,23 @@ assert main(["pick", "--hf", "--verl", "0.9.1", "--in-place", "--table", {str(ta
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "ENVBUILD_STATE": str(tmp_path / "state"), "ENVBUILD_CONFIG": str(tmp_path / "c")})
     assert p.returncode == 0, p.stderr[-2000:]
+
+
+def test_help_imports_no_command_and_a_missing_dependency_is_one_line(tmp_path):
+    """Issue 50: `envbuild --help` lists the commands without importing them (the pick-only install
+    has no PyYAML); a command that needs what is missing says so in one line, exit 2."""
+    code = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {"uv", "oras", "omegaconf", "hydra", "rich", "jinja2", "yaml", "requests"}:
+            raise ModuleNotFoundError("blocked for this test: " + name, name=name)
+sys.meta_path.insert(0, Block())
+from envbuild.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+    help_ = subprocess.run([sys.executable, "-c", code, "--help"], capture_output=True, text=True, timeout=60)
+    assert help_.returncode == 0 and "census" in help_.stdout and "pick" in help_.stdout, help_.stderr
+    plan = subprocess.run([sys.executable, "-c", code, "plan"], capture_output=True, text=True, timeout=60)
+    assert plan.returncode == 2 and "Traceback" not in plan.stderr
+    assert plan.stderr.strip().count("\n") == 0 and "needs PyYAML" in plan.stderr
