@@ -24,6 +24,7 @@ from .record import is_census, is_in_place, is_placed
 from .row import Combo, Entry, Failure, HistoryEntry, Image, Row, parse_pinned
 from .probe.vocab import (
     ERROR, FAIL, LEVELS, NEEDS_GPU, PASS, TIMEOUT, is_decisive, is_failing, levels_upto, scope_label,
+    worst_status,
 )
 
 _DETAIL_MAX = 600
@@ -53,14 +54,6 @@ def _check_level(c: Check) -> str | None:
     return None  # unknown (e.g. "probe" = the probe itself broke): counts against every level
 
 
-def _worst(statuses) -> str:
-    """The probe's precedence: error > fail > timeout > needs-gpu > pass."""
-    for s in ("error", "fail", "timeout", "needs-gpu"):
-        if s in statuses:
-            return s
-    return "pass"
-
-
 def expand_verdict(key: str, v: Verdict) -> dict[str, Verdict]:
     """{level: Verdict} for one probe verdict, which covers every level up to its own.
 
@@ -82,7 +75,7 @@ def expand_verdict(key: str, v: Verdict) -> dict[str, Verdict]:
         if not mine and not loose:
             out[lv] = v if lv == level else Verdict(lv, v.status, v.cause)
         elif bad:
-            out[lv] = Verdict(lv, _worst([c.status for c in bad]), checks=bad)
+            out[lv] = Verdict(lv, worst_status([c.status for c in bad]), checks=bad)
         else:
             out[lv] = Verdict(lv, PASS, checks=mine)
     if v.status == TIMEOUT:

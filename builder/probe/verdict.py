@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 from .vocab import (  # noqa: F401 - the statuses' home is the vocabulary; re-exported for the probe's modules
     CAVEATS, CORE, ERROR, FAIL, NEEDS_GPU, NEEDS_HOME, NEEDS_NETWORK, NOT_APPLICABLE, PASS, SKIPPED, is_core,
+    PRECEDENCE, TIMEOUT, worst_status,
 )
 
 SCHEMA = 1
@@ -131,19 +132,13 @@ class Verdict:
 
 
 def overall_status(statuses: list[str]) -> str:
-    """error (the probe itself broke) > fail > needs-gpu > pass. Caveats (needs-network,
-    needs-writable-home) and not-applicable leave it at pass."""
-    if ERROR in statuses:
-        return "error"
-    if FAIL in statuses:
-        return "fail"
-    if NEEDS_GPU in statuses:
-        return "needs-gpu"
-    return "pass"
+    """The one precedence (vocab.worst_status): error > fail > needs-gpu > pass. Caveats
+    (needs-network, needs-writable-home) and not-applicable leave it at pass."""
+    return worst_status(statuses)
 
 
 def first_cause(checks: list[Check]) -> str | None:
-    for want in (ERROR, FAIL, NEEDS_GPU):
+    for want in (s for s in PRECEDENCE if s != TIMEOUT):
         for c in checks:
             if c.status == want:
                 return c.cause or c.name

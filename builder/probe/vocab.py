@@ -52,6 +52,17 @@ EXIT_OK, EXIT_VERDICT, EXIT_BAD_INPUT, EXIT_INFRA = 0, 1, 2, 3
 EXIT_OF_STATUS = {PASS: EXIT_OK, FAIL: EXIT_VERDICT, TIMEOUT: EXIT_VERDICT, NEEDS_GPU: EXIT_INFRA, ERROR: EXIT_INFRA}
 
 
+# The one status precedence: what a set of check (or level) statuses folds to. error (the probe
+# broke: nothing was shown) > fail > timeout > needs-gpu > pass; caveats, not-applicable and
+# skipped leave it at pass.
+PRECEDENCE = (ERROR, FAIL, TIMEOUT, NEEDS_GPU)
+
+
+def worst_status(statuses) -> str:
+    have = set(statuses)
+    return next((s for s in PRECEDENCE if s in have), PASS)
+
+
 def is_failing(status: object) -> bool:
     return status in FAILING
 
