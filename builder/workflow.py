@@ -202,7 +202,10 @@ fi
 {{ echo '### Upstream releases (envbuild discover)'; echo '```diff'; cat discover.patch; echo '```'; }} >> "$GITHUB_STEP_SUMMARY"
 # The census first (no image: the lock, and verl against the engine's wheels): what it condemns
 # is recorded as broken and not built tonight. Exit 1 is data (condemned rows), not a red job.
-envbuild census{mx} "${{sel[@]}}" --results census -j 2 || [ "$?" = 1 ]
+# census exit 1: rows condemned; 3: rows it could not judge (no verdict: built as usual); 2 stops
+rc=0
+envbuild census{mx} "${{sel[@]}}" --results census -j 2 || rc=$?
+[ "$rc" = 0 ] || [ "$rc" = 1 ] || [ "$rc" = 3 ]
 matrix="$(envbuild ci matrix{mx} "${{sel[@]}}" --skip-condemned census)"
 echo "matrix=$matrix" >> "$GITHUB_OUTPUT"
 echo "count=$(printf '%s' "$matrix" | python -c 'import json,sys; print(len(json.load(sys.stdin)["include"]))')" >> "$GITHUB_OUTPUT"
@@ -214,7 +217,7 @@ read -ra sel <<< "$SEL"
 ENVBUILD_CACHE="$ENVBUILD_REPOSITORY-buildcache"
 # The variant's PyTorch index (envbuild's one URL rule: ENVBUILD_PYTORCH_INDEX, else the matrix's pytorch_index).
 url="$(envbuild ci torch-index{mx} --cuda "$CUDA")"
-export "ENVBUILD_TORCH_INDEX_URL_$CUDA=$url"
+export "ENVBUILD_TORCH_INDEX_URL_${{CUDA//[^A-Za-z0-9_]/_}}=$url"  # a shell identifier: rocm6.2 -> rocm6_2
 # Lock + render, then bake: the shared layers (base+torch, +engine) come from the registry cache
 # that other jobs fill, so each job builds only what is new; --load hands the image to envbuild.
 if envbuild render{mx} "${{sel[@]}}" --base nvidia --out rendered --locks locks \\

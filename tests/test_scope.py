@@ -196,3 +196,26 @@ def test_feature_defaults_follow_verls_releases():
     assert not vocab.feature_default_on("quantization", "0.9.1")
     assert vocab.parse_scope("multi-stage-wake-up") == "multi_stage_wake_up"
     assert vocab.parse_scope("model_type=Qwen3_5") == "model:qwen3_5" and vocab.parse_scope("nonsense") is None
+
+
+def test_per_variant_secret_names_are_shell_identifiers():
+    import re
+
+    from envbuild.probe.vocab import env_suffix, parse_variant
+
+    assert env_suffix("cu124") == "cu124" and env_suffix("12.4") == "cu124"  # unchanged for CUDA
+    assert parse_variant("rocm6.2").env_suffix == "rocm6_2" and env_suffix("ROCm 6.2") == "rocm6_2"
+    for v in ("cu130", "rocm6.2", "cpu"):
+        assert re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", "ENVBUILD_TORCH_INDEX_URL_" + env_suffix(v))
+
+
+def test_a_module_an_engine_claims_is_never_an_optional_backend(monkeypatch):
+    from envbuild.probe import classify, vocab
+
+    e = ModuleNotFoundError("No module named 'tensorrt_llm'")
+    assert classify.classify_exception(e, "vllm").status == "not-applicable"  # an optional backend here
+    spec = vocab.EngineSpec("trtllm", "TensorRT-LLM", "tensorrt-llm", frozenset({"tensorrt_llm"}),
+                            frozenset({"trtllm"}), rollout=("trtllm",))
+    monkeypatch.setattr(vocab, "ENGINE_SPECS", vocab.ENGINE_SPECS + (spec,))
+    monkeypatch.setitem(vocab.ENGINE, "trtllm", spec)
+    assert classify.classify_exception(e, "trtllm").status == "fail"  # its own engine missing: broken

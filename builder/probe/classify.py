@@ -92,7 +92,9 @@ def classify_message(text: str, engine: str | None = None) -> Classified:
         top = mod.split(".")[0]
         if _other_engine(top, engine):
             return Classified(NOT_APPLICABLE, "other-engine", f"needs {mod} (engine not in this combination)")
-        if top in OPTIONAL_BACKENDS:
+        if top in OPTIONAL_BACKENDS and engine_of_module(top) is None:
+            # (a module an engine descriptor claims is that engine's: missing from its own
+            # combination it is a failure, never "an optional backend")
             return Classified(NOT_APPLICABLE, "optional-backend", f"needs {mod} (optional backend not installed)")
         return Classified(FAIL, "module-missing", f"No module named {mod!r}")
     # importlib.metadata.version("vllm") in verl.third_party.vllm when vLLM is not installed

@@ -347,6 +347,11 @@ class Variant:
         return self.tag
 
     @property
+    def env_suffix(self) -> str:
+        """The tag as a shell identifier's tail (per-variant secrets: `rocm6.2` -> `rocm6_2`)."""
+        return re.sub(r"[^A-Za-z0-9_]", "_", self.tag)
+
+    @property
     def label(self) -> str:
         return f"{self.accelerator.label} {self.version}".strip()
 
@@ -372,6 +377,13 @@ def parse_variant(value: object) -> Variant | None:
         if m:
             return Variant(kind, f"{int(m.group(1))}.{int(m.group(2))}")
     return None
+
+
+def env_suffix(value: object) -> str:
+    """Any spelling of a variant -> its shell-identifier tail (Variant.env_suffix); the value itself,
+    made safe the same way, when it is no variant."""
+    v = parse_variant(value)
+    return v.env_suffix if v else re.sub(r"[^A-Za-z0-9_]", "_", str(value))
 
 
 def variant_tag(value: object) -> str | None:
