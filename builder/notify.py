@@ -38,7 +38,8 @@ from .row import Row, Table
 
 LABEL = "envbuild"
 MARKER = "<!-- envbuild:combination={id} -->"
-_MARKER_RE = re.compile(r"<!-- envbuild:combination=([A-Za-z0-9_.+-]+) -->")
+# One issue per row, and one per row and scope (`<id>@<scope>`: broken only for runs that opt in).
+_MARKER_RE = re.compile(r"<!-- envbuild:combination=([A-Za-z0-9_.+-]+(?:@[A-Za-z0-9_.:,+-]+)?) -->")
 EXCERPT_LINES = 40  # the tail of the failure detail: where the error is
 API_VERSION = "2022-11-28"
 MAX_PAGES = 50  # 5,000 issues at 100 a page: more is a server that never ends its Link chain
@@ -183,14 +184,19 @@ def title_line(s: str) -> str:
 # ---------------------------------------------------------------- what to say
 
 
-def title_of(row: Row) -> str:
+def title_of(row: Row, scope: str = "") -> str:
+    if scope:
+        e = row.scopes.get(scope) or {}
+        return title_line(f"envbuild: {row.id} broken with {e.get('label') or scope} ({scope})")
     f = row.failure
     if f and f.cause == "unsatisfiable":
         return title_line(f"envbuild: {row.id} is unsatisfiable")
     return title_line(f"envbuild: {row.id} broken at {(f.level if f else None) or '?'} ({(f.cause if f else None) or 'failed'})")
 
 
-def body_of(row: Row, run_url: str | None, table_url: str | None) -> str:
+def body_of(row: Row, run_url: str | None, table_url: str | None, scope: str = "") -> str:
+    if scope:
+        return _scope_body(row, scope, run_url, table_url)
     f, c = row.failure, row.combo
     detail = "\n".join(str((f.detail if f else "") or "").rstrip().splitlines()[-EXCERPT_LINES:])
     eng = f"{c.engine or ''} {c.engine_version or ''}".strip()
@@ -209,6 +215,23 @@ def body_of(row: Row, run_url: str | None, table_url: str | None) -> str:
         links.append(f"[table](<{_link(table_url)}>)")
     lines += [("See " + " · ".join(links) + ". " if links else "")
               + "This issue is opened and closed by `envbuild ci notify`; it closes when the combination passes."]
+    return "\n".join(lines) + "\n"
+
+
+def _scope_body(row: Row, scope: str, run_url: str | None, table_url: str | None) -> str:
+    e = row.scopes.get(scope) or {}
+    detail = "\n".join(str(e.get("detail") or "").rstrip().splitlines()[-EXCERPT_LINES:])
+    lines = [MARKER.format(id=f"{row.id}@{scope}"), "",
+             f"The nightly found {code(row.id)} ({row.status}) broken for runs with "
+             f"{plain(e.get('label') or scope)} ({code(scope)}, from {plain(e.get('from') or 'code')}); "
+             "runs that do not use it are not affected.", ""]
+    if detail:
+        lines += ["Finding:", ""] + fenced(detail) + [""]
+    links = [f"[run](<{_link(run_url)}>)"] if run_url else []
+    if table_url:
+        links.append(f"[table](<{_link(table_url)}>)")
+    lines += [("See " + " · ".join(links) + ". " if links else "")
+              + "This issue is opened and closed by `envbuild ci notify`; it closes when the scope passes."]
     return "\n".join(lines) + "\n"
 
 
@@ -243,6 +266,16 @@ def plan_actions(old: Table, new: Table) -> dict[str, str]:
             todo[row.id] = "fixed"
     for cid in before.keys() - {r.id for r in new.rows}:
         todo[cid] = "gone"
+    for row in new.rows:  # per scope: a run that opts in is broken, or works again
+        for sc in row.scopes:
+            todo[f"{row.id}@{sc}"] = "broken"
+        old_row = before.get(row.id)
+        for sc in (old_row.scopes if old_row else {}):
+            if sc not in row.scopes and row.status != "broken":
+                todo[f"{row.id}@{sc}"] = "fixed"
+    for cid in before.keys() - {r.id for r in new.rows}:
+        for sc in before[cid].scopes:
+            todo[f"{cid}@{sc}"] = "gone"
     return todo
 
 
@@ -261,11 +294,12 @@ def notify(gh: GitHub, old: Table, new: Table, run_url: str | None = None, table
     for cid in sorted(todo):
         what, issue = todo[cid], mine.get(cid)
         is_open = bool(issue) and issue["state"] == "open"
+        rid, _, scope = cid.partition("@")
         if what == "broken":
-            row = rows_new[cid]
-            title, body = title_of(row), body_of(row, run_url, table_url)
-            before = rows_old.get(cid)
-            newly = before is None or before.status != "broken"
+            row = rows_new[rid]
+            title, body = title_of(row, scope), body_of(row, run_url, table_url, scope)
+            before = rows_old.get(rid)
+            newly = before is None or (scope not in before.scopes if scope else before.status != "broken")
             if issue is None:
                 if not newly:
                     continue  # broken before and nobody kept an issue: not news tonight
@@ -289,8 +323,10 @@ def notify(gh: GitHub, old: Table, new: Table, run_url: str | None = None, table
                                                 f"(was: {plain(was.removeprefix('envbuild: '))}).")
                 actions.append(Action("updated", cid, issue["number"]))
         elif is_open:
-            row = rows_new.get(cid)
-            if what == "fixed":
+            row = rows_new.get(rid)
+            if what == "fixed" and scope:
+                why = f"Fixed: {code(rid)} is no longer broken with {code(scope)}"
+            elif what == "fixed":
                 why = f"Fixed: {code(cid)} is {row.status} in the new table" + (
                     f" (up to {row.best_level})" if row.best_level else "")
             else:

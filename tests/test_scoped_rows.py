@@ -114,3 +114,40 @@ def test_diff_reports_a_regression_per_scope():
     d = compare(old, new)
     assert [(c.kind, c.level) for c in d.changes] == [("regression", "scope quantization")]
     assert [(c.kind, c.level) for c in compare(new, old).changes] == [("fixed", "scope quantization")]
+
+
+class FakeGitHub:
+    def __init__(self):
+        self.store: dict[int, dict] = {}
+        self.comments: list[tuple[int, str]] = []
+
+    def issues(self):
+        return [dict(i) for i in self.store.values()]
+
+    def create(self, title, body):
+        n = len(self.store) + 1
+        self.store[n] = {"number": n, "title": title, "body": body, "state": "open"}
+        return self.store[n]
+
+    def update(self, number, **fields):
+        self.store[number].update({k: v for k, v in fields.items() if k in ("title", "body", "state")})
+        return self.store[number]
+
+    def comment(self, number, body):
+        self.comments.append((number, body))
+
+
+def test_notify_opens_and_closes_one_issue_per_row_and_scope():
+    from envbuild.notify import notify
+
+    gh = FakeGitHub()
+    clean = _table(rec(C, {"contract": _contract(None)}, img=image(C), run=1))
+    scoped = _table(rec(C, {"contract": _contract("quantization")}, img=image(C), run=2))
+    acts = notify(gh, clean, scoped)
+    assert [(a.kind, a.id) for a in acts] == [("opened", C["id"] + "@quantization")]
+    issue = gh.store[1]
+    assert "broken with QAT" in issue["title"] and "runs that do not use it are not affected" in issue["body"]
+    assert notify(gh, scoped, scoped) == []  # unchanged: nothing to do
+    acts = notify(gh, scoped, _table(rec(C, {"contract": _contract(None)}, img=image(C), run=3)))
+    assert [(a.kind, a.id) for a in acts] == [("closed", C["id"] + "@quantization")]
+    assert gh.store[1]["state"] == "closed"
