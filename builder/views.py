@@ -16,7 +16,7 @@ from . import drivers
 from .probe.fatbin import GPUS
 from .query import Ask, Facts, cells, facts, rank_key
 from .row import STATUSES, TABLE_PAYLOAD_TYPE, Row, Table
-from .probe.vocab import DEFAULT_PLATFORM, LEVELS, PLATFORMS, level_rank, parse_variant
+from .probe.vocab import DEFAULT_PLATFORM, FEATURE_SPECS, LEVELS, PLATFORMS, level_rank, parse_variant
 
 HISTORY_IN_PAGE = 10  # the page shows recent runs; compat.json keeps them all
 
@@ -66,7 +66,7 @@ def gpu_label(sm: str) -> str:
 
 def _facts_json(f: Facts, rank: int) -> dict:
     return {"eligible": f.eligible, "supports": list(f.supports) if f.supports is not None else None,
-            "min_driver": f.min_driver, "standing": f.standing, "rank": rank}
+            "min_driver": f.min_driver, "standing": f.standing, "rank": rank, "broken_scopes": list(f.broken_scopes)}
 
 
 def _platforms(table: Table) -> list[str]:
@@ -106,7 +106,8 @@ def page_data(table: Table, pubkey: dict) -> dict:
             "platforms": platforms, "defaultPlatform": DEFAULT_PLATFORM if DEFAULT_PLATFORM in platforms else
             (platforms[0] if platforms else ""), "gpus": [[s, gpu_label(s)] for s in gpus],
             "defaultLevel": Ask().level, "best": best, "statuses": list(STATUSES),
-            "fields": {"shown": ROW_FIELDS, "hidden": HIDDEN_FIELDS}}
+            "fields": {"shown": ROW_FIELDS, "hidden": HIDDEN_FIELDS},
+            "features": [[f.name, f.label] for f in FEATURE_SPECS]}
 
 
 def render_html(table: Table, pubkey: dict) -> str:

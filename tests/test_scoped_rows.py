@@ -151,3 +151,47 @@ def test_notify_opens_and_closes_one_issue_per_row_and_scope():
     acts = notify(gh, scoped, _table(rec(C, {"contract": _contract(None)}, img=image(C), run=3)))
     assert [(a.kind, a.id) for a in acts] == [("closed", C["id"] + "@quantization")]
     assert gh.store[1]["state"] == "closed"
+
+
+CHROMIUM = __import__("shutil").which("chromium") or __import__("shutil").which("chromium-browser")
+
+
+@__import__("pytest").mark.skipif(not CHROMIUM and not __import__("os").environ.get("CI"), reason="chromium not installed")
+def test_the_page_answers_for_the_run_the_user_describes(tmp_path):
+    """In a real Chromium: the page's script refuses a row broken under a scope the user's run uses
+    (typed into "My run uses" or given in the URL), as pick does, and the printed command says it."""
+    import json
+
+    from cdp import Browser
+    from test_page_browser import FLAGS
+
+    from envbuild.views import render_html
+    from test_query_agreement import PUB
+
+    other = combo(verl="0.9.1", ev="0.20.2", torch="2.11.0", cuda="cu130")
+    t = Table(rows=[fold_combo([rec(C, {"contract": _contract("quantization")}, img=image(C), run=1)]),
+                    fold_combo([rec(other, {"contract": _contract(None)}, img=image(other), run=2)])])
+    page = tmp_path / "index.html"
+    page.write_text(render_html(t, PUB))
+    b = Browser(CHROMIUM, FLAGS)
+    try:
+        b.open(page.as_uri())
+        b.wait("document.body && document.body.getAttribute('data-ready') === '1'")
+        cases = [("", None), ("quantization", "quantization"), ("QAT, Model_Type=Qwen2", "model:qwen2"),
+                 ("quantization,model:qwen2", "model:qwen2,quantization")]
+        for typed, norm in cases:
+            got = b.eval(f"envbuildQuery.parseUses({json.dumps(typed)}).join(',')") if typed else ""
+            assert got == (norm or ""), (typed, got)
+        for uses in ("", "quantization", "lora"):
+            want = answer(t, Ask(Selectors(engine="vllm"), scopes=frozenset(uses.split(",")) - {""})).best
+            assert want is not None
+            b.open(page.as_uri() + "#engine=vllm" + ("&uses=" + uses if uses else ""))
+            b.wait("document.body && document.body.getAttribute('data-ready') === '1'")
+            got = b.eval("document.getElementById('answer').getAttribute('data-id')")
+            assert got == want.id, uses
+            assert (want.id == C["id"]) == (uses != "quantization")  # the scoped row only where the run avoids it
+            text = b.eval("document.getElementById('answer').textContent")
+            if uses:
+                assert f"--feature {uses}" in text
+    finally:
+        b.close()
