@@ -154,7 +154,8 @@ def test_the_detail_pane_shows_what_a_user_decides_on(site):
                  "hardware": lambda v: [", ".join(v["gpu_arch"]["supports"])], "notes": lambda v: v,
                  "base": lambda v: [v["ref"]], "history": lambda v: [h["created"] for h in v],
                  "in_place": lambda v: [],  # this row was never judged in place (tests/test_inplace.py)
-                 "census": lambda v: []}  # nor by the census (tests/test_census.py)
+                 "census": lambda v: [],  # nor by the census (tests/test_census.py)
+                 "scopes": lambda v: [e["detail"].splitlines()[0] for e in v.values()]}  # tests/test_scoped_rows.py
         assert set(shown) == set(ROW_FIELDS)
         for f in ROW_FIELDS:
             for p in shown[f](row[f]):
