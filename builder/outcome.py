@@ -21,6 +21,7 @@ from .probe.vocab import (
     CAVEATS, CORE, ERROR, EXIT_INFRA, EXIT_OF_STATUS, EXIT_OK, EXIT_VERDICT, FAIL, FAILING, LEVELS, NEEDS_GPU,
     NOT_APPLICABLE, PASS, SKIPPED, TIMEOUT, VERDICT_STATUSES, is_core,
 )
+from .probe.vocab import NOT_A_PROBLEM as VOCAB_NOT_A_PROBLEM
 
 # ---------------------------------------------------------------- records
 
@@ -62,7 +63,7 @@ def exit_of_lock(status: str) -> int:
 # ---------------------------------------------------------------- verdicts
 
 # Check statuses that do not explain a non-passing verdict: the caveats go on the row instead.
-NOT_A_PROBLEM = (None, PASS, "ok", SKIPPED, NOT_APPLICABLE, *CAVEATS)
+NOT_A_PROBLEM = (None, "ok", *VOCAB_NOT_A_PROBLEM)  # vocab's set, and a record's "ok" / no status
 
 
 def exit_of_verdict(status: str) -> int:
@@ -108,7 +109,7 @@ class Check:
     def problem(self) -> bool:
         """Explains a non-passing verdict: a core check that did not pass (a scoped failure is a
         caveat of the runs that opt in, listed apart)."""
-        return self.status not in NOT_A_PROBLEM and is_core(self.scope)
+        return self.status not in NOT_A_PROBLEM and is_core(self.scope)  # vocab.is_problem, and "ok"/None
 
     @property
     def scoped_failure(self) -> bool:

@@ -15,7 +15,7 @@ from .probe_exec import DEFAULT_TIMEOUT, probe_here
 from .probe_run import probe_image
 from .selector import selectors_from_args
 from .outcome import exit_of_verdict
-from .probe.vocab import DEFAULT_ENGINE, LEVELS, parse_variant
+from .probe.vocab import DEFAULT_ENGINE, LEVELS, parse_variant, QUIET
 
 # ----------------------------------------------------------------------------- CLI
 def add_arguments(p) -> None:
@@ -105,7 +105,7 @@ def run(args) -> int:
 def print_summary(v: dict, file=None) -> None:
     file = file or sys.stdout
     for c in v.get("checks", []):
-        if c["status"] not in ("pass", "not-applicable", "skipped"):
+        if c["status"] not in QUIET:
             first = (c.get("detail") or "").strip().splitlines()
             print(f"  {c['status']:<10} {c['name']}: {first[0][:200] if first else ''}", file=file)
     t = v.get("timings", {})

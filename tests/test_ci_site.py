@@ -183,7 +183,9 @@ def test_a_team_repository_runs_its_generated_nightly(tmp_path, run_cli):
     repo = tmp_path / "team"
     (repo / "matrix").mkdir(parents=True)
     shutil.copy(ROOT / "matrix" / "verl.yaml", repo / "matrix" / "verl.yaml")
-    p = run_cli("ci", "github", "--gpu-runners", "none", cwd=repo)
+    # generated pinned to a commit (the default spec); the run below overrides it as vars.ENVBUILD_INSTALL would
+    pinned = "git+https://example.invalid/envbuild.git@" + "ab" * 20
+    p = run_cli("ci", "github", "--gpu-runners", "none", "--install", pinned, cwd=repo)
     assert p.returncode == 0, p.stderr
     wf_path = repo / ".github" / "workflows" / "envbuild-nightly.yml"
     wf = yaml.safe_load(wf_path.read_text())

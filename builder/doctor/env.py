@@ -10,7 +10,7 @@ from pathlib import Path
 from ..verl_config import VerlConfig
 from .. import drivers, host
 from ..probe.env_level import MIN_SHM_BYTES
-from ..probe.vocab import ACCELERATORS, DEFAULT_ENGINE, ENGINE, ENGINES, engine_of_rollout, variant_of
+from ..probe.vocab import ACCELERATORS, DEFAULT_ENGINE, ENGINE, ENGINES, engine_of_rollout, variant_of, QUIET
 from .tablecheck import check_table
 from .common import (FAIL, PASS, SKIP, WARN, Options, Result)
 
@@ -100,7 +100,7 @@ def run_probe(engine: str, opt: Options) -> Result:
         return Result("env", "env.probe", WARN, f"probe wrote no verdict: {tail[0][:300]}",
                       f"run `envbuild probe --here --level contract --engine {engine}` by hand")
     status = v.get("status")
-    bad = [c for c in v.get("checks", []) if c.get("status") not in ("pass", "not-applicable", "skipped")]
+    bad = [c for c in v.get("checks", []) if c.get("status") not in QUIET]
     names = ", ".join(f"{c['name']} ({c.get('cause') or c['status']})" for c in bad[:5])
     details = {"verdict": v, "versions": v.get("versions", {})}
     n = len(v.get("checks", []))

@@ -11,7 +11,7 @@ import traceback
 
 from . import prefetch, sidebyside, warmup
 from .verdict import ERROR, FAIL, SKIPPED, Verdict, write_json
-from .vocab import ENGINE, ENGINES, EXIT_INFRA, EXIT_OF_STATUS, EXPECT_KEYS, LEVELS
+from .vocab import ENGINE, ENGINES, EXIT_INFRA, EXIT_OF_STATUS, EXPECT_KEYS, LEVELS, QUIET
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -196,7 +196,7 @@ def _process_start() -> float:
 
 def _summary(d: dict) -> None:
     for c in d["checks"]:
-        if c["status"] not in ("pass", "not-applicable", "skipped"):
+        if c["status"] not in QUIET:
             first = (c["detail"] or "").splitlines()[0][:160] if c["detail"] else ""
             print(f"  {c['status']:<15} {c['name']}: {first}", file=sys.stderr)
     print(f"probe {d['level']}/{d['engine']}: {d['status']} ({len(d['checks'])} checks, "

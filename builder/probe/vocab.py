@@ -39,6 +39,10 @@ TIMEOUT = "timeout"  # a probe killed at its deadline (written by the launcher, 
 NOT_RUN = "not-run"  # a level nobody ran (a table entry, never a probe's answer)
 
 CHECK_STATUSES = (PASS, FAIL, NEEDS_GPU, NOT_APPLICABLE, SKIPPED, ERROR, *CAVEATS)
+# What a summary of checks leaves out (nothing to say), and what does not explain a verdict that did
+# not pass (the caveats go on the row instead): one pair of sets for the probe, the host and doctor.
+QUIET = (PASS, NOT_APPLICABLE, SKIPPED)
+NOT_A_PROBLEM = (*QUIET, *CAVEATS)
 VERDICT_STATUSES = (PASS, FAIL, NEEDS_GPU, ERROR, TIMEOUT)
 # The one rule about what a status says of the stack. A probe that times out is a failure of the
 # stack: a stack that hangs is not usable, and calling it infrastructure would let an earlier
@@ -247,6 +251,11 @@ FEATURES = tuple(FEATURE)
 
 def is_core(scope: object) -> bool:
     return scope in (None, "", CORE)
+
+
+def is_problem(status: object, scope: object = CORE) -> bool:
+    """A check that explains a verdict that did not pass: not quiet, not a caveat, in the core path."""
+    return status not in NOT_A_PROBLEM and is_core(scope)
 
 
 def scope_label(scope: object) -> str:
