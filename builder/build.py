@@ -281,6 +281,12 @@ def summarize(records, opts: Options, interrupted: bool, planned: int, out=None)
     for i in images:
         print(f"  {i}", file=out)
     print(f"results: {opts.results / 'records'} (logs: {opts.results / 'logs'})", file=out)
+    missing = ([] if opts.probe != "none" else ["--probe cpu"]) + \
+        ([] if opts.push else ["--push --repository HOST:PORT"])
+    if images and missing:
+        # `pick` answers only images that were probed and pushed (a digest): say so now, not at pick time.
+        print(f"not pickable yet: `envbuild pick` needs a probed image with a registry digest; build again with "
+              f"{' '.join(missing)} (then `envbuild publish`)", file=out)
     if interrupted:
         print(f"interrupted: {len(records)} of {planned} recorded; rerun the same command to resume", file=out)
         return 130

@@ -468,6 +468,11 @@ def test_summary_prints_where_images_and_results_are(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "images: envbuild/verl" in out and str(tmp_path / "results" / "records") in out
     assert recs[0].image["ref"] in out
+    # neither probed nor pushed (the headline's defaults): the summary says what makes it pickable
+    assert "not pickable yet" in out and "--probe cpu --push --repository" in out
+    b.o.probe, b.o.push = "cpu", True
+    B.summarize(recs, b.o, False, 1)
+    assert "not pickable yet" not in capsys.readouterr().out
 
 
 def test_rich_progress_renders_states_and_steps(tmp_path):
