@@ -4,6 +4,7 @@ a Ray cluster (`--ray`). The running itself is envbuild.probe_run's; this is the
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 
@@ -70,6 +71,9 @@ def run(args) -> int:
         raise UsageError("--python-exe goes with --here")
     if args.python_exe and not shutil.which(args.python_exe):
         raise UsageError(f"--python-exe={args.python_exe!r}: no such interpreter")
+    if args.python_exe and os.sep in args.python_exe:
+        # relative to where the user stands, not to the folder the probe runs in (it ran in /)
+        args.python_exe = os.path.abspath(args.python_exe)
     if args.nproc < 1:
         raise UsageError(f"--nproc={args.nproc}: must be >= 1")
     sel = selectors_from_args(args)

@@ -86,3 +86,17 @@ def test_cli_here_writes_verdict(tmp_path, capsys):
 def test_image_constants_match_the_package_name():
     assert probe_run.IMAGE_PROBE_DIR.endswith("/" + probe_run.PROBE_MODULE)
     assert probe_run.IMAGE_PROBE_DIR.startswith(probe_run.IMAGE_PROBE_PARENT + "/")
+
+
+def test_a_relative_python_exe_is_the_users_not_the_probes(run_cli, tmp_path):
+    """Issue 50: `probe --here --python-exe venv/bin/python` from the venv's parent folder ran the
+    probe in another folder and exited 127 with an empty cause; the path is the user's."""
+    exe = Path(sys.executable)
+    rel = exe.relative_to(exe.parent.parent)
+    out = tmp_path / "v.json"
+    p = run_cli("probe", "--here", "--python-exe", rel, "--level", "env", "--engine", "hf", "-o", out,
+                cwd=exe.parent.parent)
+    assert p.returncode in (0, 1, 3), p.stderr
+    v = json.loads(out.read_text())
+    assert v["level"] == "env" and v["checks"] and v.get("cause") != ""
+    assert not any(c["name"] == "probe-run" and "127" in (c.get("detail") or "") for c in v["checks"])
