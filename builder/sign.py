@@ -156,6 +156,9 @@ def parse_public_key_bytes(data: bytes, where: str) -> PublicKey:
     except UnicodeDecodeError as e:
         raise InputError(where, None, "pubkey", f"byte {e.start}", "not UTF-8 (not a public key file)")
     except json.JSONDecodeError as e:
+        if b"PRIVATE KEY" in data:  # the signing key handed where the public one belongs
+            raise InputError(where, None, "pubkey", where, "a private key: pass the public half "
+                             "(keygen's envbuild.pub.json), and keep this file secret") from None
         raise InputError(where, e.lineno, "pubkey", where, f"not JSON ({e.msg})")
     return parse_public_key(d, where)
 

@@ -9,7 +9,7 @@ import hashlib
 import json
 
 from .attest import verify_cli
-from .errors import TrustError
+from .errors import InputError, TrustError
 from .row import Table, attestation_path
 from .sign import VerifyError, load_public_key, verify_envelope
 from .trust import DEFAULT_TABLE, PUBKEY_NAME, Location, _json, add_trust_arguments, load_verified
@@ -87,9 +87,21 @@ def add_arguments(p) -> None:
     add_trust_arguments(p)
 
 
+def _looks_like_image_tag(s: str) -> bool:
+    """`registry:5000/repo:tag` or `repo:tag`, and no such file or folder here."""
+    import os
+    import re
+    if os.path.exists(s) or "://" in s:
+        return False
+    return bool(re.fullmatch(r"(?:[a-z0-9.-]+(?::\d+)?/)?[a-z0-9._/-]+:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", s))
+
+
 def run(args) -> int:
     if args.table and "@sha256:" in str(args.table):  # an image by digest: its attached attestations
         return verify_cli(args.table, args.pubkey, allow_rollback=args.allow_rollback)
+    if args.table and _looks_like_image_tag(str(args.table)):
+        raise InputError("command line", None, "TABLE", args.table, "an image by tag: a tag can move, so verify "
+                         "an image by digest (IMAGE@sha256:…, from `envbuild pick` or `docker inspect`)")
     table, info = load_verified(args.table, args.pubkey, allow_rollback=args.allow_rollback, ca=args.ca,
                                 allow_legacy=getattr(args, "allow_legacy", False))
     n = verify_files(table, info)

@@ -195,3 +195,15 @@ def test_the_page_answers_for_the_run_the_user_describes(tmp_path):
                 assert f"--feature {uses}" in text
     finally:
         b.close()
+
+
+def test_first_day_errors_say_what_to_do(run_cli, tmp_path):
+    """Issue 50: a private key passed as --pubkey, and `verify IMAGE:tag`, are one-line errors that
+    say what to pass instead (exit 2)."""
+    keys = tmp_path / "keys"
+    assert run_cli("keygen", "--out", keys).returncode == 0
+    table = __import__("pathlib").Path(__file__).resolve().parent.parent / "bench" / "h200_rows" / "table"
+    p = run_cli("verify", table, "--pubkey", keys / "envbuild.key", env={"ENVBUILD_STATE": str(tmp_path / "s")})
+    assert p.returncode == 2 and "a private key: pass the public half" in p.stderr and "Traceback" not in p.stderr
+    p = run_cli("verify", "127.0.0.1:5000/envbuild/verl:v1", "--pubkey", keys / "envbuild.pub.json")
+    assert p.returncode == 2 and "verify an image by digest" in p.stderr
