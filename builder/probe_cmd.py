@@ -8,7 +8,7 @@ import os
 import shutil
 import sys
 
-from .errors import InputError, UsageError
+from .errors import EnvbuildError, InputError, UsageError
 from .fanout import add_ray_arguments, run_from_args
 from .fsutil import write_json_atomic
 from .materialize import read_row, record_in_place
@@ -44,6 +44,23 @@ def add_arguments(p) -> None:
     add_ray_arguments(p)  # --ray ADDRESS, --results, --retries and the selectors (envbuild.fanout)
 
 
+def _release(args, axis: str | None, want: str | None) -> str | None:
+    """A selector's version as every command reads it (selector.release_of over the matrix's
+    declared releases): `--vllm 0.8.5` means 0.8.5.post1 where that is the matrix's one 0.8.5, as
+    lock and build read it; a version the matrix does not declare is expected as given."""
+    if not want or not axis:
+        return want
+    try:
+        from .matrix import matrix_from_args
+        from .selector import release_of
+
+        m = matrix_from_args(args)
+        declared = m.verl if axis == "verl" else (m.engines.get(axis) or [])
+        return release_of(want, list(declared), f"--{axis}", undeclared=True)[0]
+    except (ImportError, EnvbuildError, OSError):
+        return want  # no matrix to read (a pick-only install, a missing file): as given
+
+
 def _expect(args, sel) -> dict:
     cuda = args.expect_cuda or sel.cuda
     if cuda:
@@ -52,7 +69,8 @@ def _expect(args, sel) -> dict:
             raise InputError("command line", None, "--expect-cuda", cuda, "not a variant (cu124 or 12.4, rocm6.2, or cpu)")
         cuda = var.tag
     expect = {"cuda": cuda, "torch": args.expect_torch or sel.torch,
-              "engine_version": args.expect_engine_version or sel.engine_version, "verl": args.expect_verl or sel.verl,
+              "engine_version": args.expect_engine_version or _release(args, sel.engine, sel.engine_version),
+              "verl": args.expect_verl or _release(args, "verl", sel.verl),
               "platform": sel.platform}  # --platform: an image of another machine runs emulated
     return {k: v for k, v in expect.items() if v}
 

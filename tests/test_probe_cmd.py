@@ -100,3 +100,19 @@ def test_a_relative_python_exe_is_the_users_not_the_probes(run_cli, tmp_path):
     v = json.loads(out.read_text())
     assert v["level"] == "env" and v["checks"] and v.get("cause") != ""
     assert not any(c["name"] == "probe-run" and "127" in (c.get("detail") or "") for c in v["checks"])
+
+
+def test_a_selector_means_what_lock_means():
+    """Issue 47: `lock --vllm 0.8.5` locks 0.8.5.post1 (the matrix's one 0.8.5); `probe --vllm 0.8.5`
+    expected 0.8.5 and reported a version mismatch against the very image lock built."""
+    import argparse
+
+    from envbuild.selector import Selectors
+
+    a = argparse.Namespace(matrix=None, expect_cuda=None, expect_torch=None, expect_engine_version=None,
+                           expect_verl=None)
+    assert probe_cmd._expect(a, Selectors(engine="vllm", engine_version="0.8.5"))["engine_version"] == "0.8.5.post1"
+    assert probe_cmd._expect(a, Selectors(engine="vllm", engine_version="0.8.4"))["engine_version"] == "0.8.4"
+    assert probe_cmd._expect(a, Selectors(engine="vllm", engine_version="0.99.0"))["engine_version"] == "0.99.0"
+    a.expect_engine_version = "0.8.5"  # said outright: as given
+    assert probe_cmd._expect(a, Selectors(engine="vllm", engine_version="0.8.5"))["engine_version"] == "0.8.5"
