@@ -27,6 +27,7 @@ from pathlib import Path
 
 from .errors import EnvbuildError, InfraError
 from .fsutil import write_json_atomic
+from .progress import Heartbeat
 from .index import Metadata
 from .lock import Locker, ordered_wheel_tags
 from .lockfile import pins_of
@@ -169,9 +170,11 @@ def run(args) -> int:
     cen = Census(m, meta, args.jobs)
     t0 = time.monotonic()
     statuses = []
+    beat = Heartbeat("census", len(pl.combos), "combinations").__enter__()
     try:
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
             for i, rec in enumerate(pool.map(cen.one, pl.combos), 1):
+                beat.advance(1, f"{rec.combo['id']}: {rec.status}")
                 write_record(args.results, rec)
                 statuses.append(rec.status)
                 if args.json:
@@ -181,6 +184,7 @@ def run(args) -> int:
                     why = f" ({rec.cause})" if rec.cause else ""
                     print(f"[{i}/{len(pl.combos)}] {rec.combo['id']}: {rec.status}{why}", flush=True)
     finally:
+        beat.__exit__()
         cen.close()
     counts = {s: statuses.count(s) for s in sorted(set(statuses))}
     print(f"census: {len(statuses)} combinations in {time.monotonic() - t0:.1f} s: "

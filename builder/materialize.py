@@ -26,6 +26,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 
 from .errors import EnvbuildError, InfraError, InputError
+from .progress import Heartbeat
 from .fsutil import write_json_atomic
 from .lockfile import parse_lock, pins_of
 from .paths import templates_dir
@@ -173,6 +174,12 @@ def _pip(venv: Path, args: list[str], timeout: float = 3600) -> None:
 
 def materialize(row_id: str, row: dict, wheelhouse: Path, venv: Path, python: str, use_host: bool,
                 compile_bytecode: bool = True) -> dict:
+    with Heartbeat(f"venv {row_id}: checking the node") as beat:
+        return _materialize(row_id, row, wheelhouse, venv, python, use_host, compile_bytecode, beat)
+
+
+def _materialize(row_id: str, row: dict, wheelhouse: Path, venv: Path, python: str, use_host: bool,
+                 compile_bytecode: bool, beat) -> dict:
     c = row["combo"]
     t0 = time.monotonic()
     ver = subprocess.run([python, "-c", "import sys, platform; print('%d.%d' % sys.version_info[:2]);"
@@ -192,6 +199,7 @@ def materialize(row_id: str, row: dict, wheelhouse: Path, venv: Path, python: st
     plan = plan_install(row, wheelhouse, dists, c["cuda"])
     if venv.exists() and any(venv.iterdir()):
         raise InputError("command line", None, "--out", str(venv), "exists and is not empty: name a new folder")
+    beat.stage_to(f"venv {row_id}: linking {len(plan['reuse'])} node distributions", len(plan["reuse"]))
     subprocess.run([python, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=600)
     site = _site_packages(venv, ver[0])
     linked = sum(link_dist(dists[r["name"]], site) for r in plan["reuse"])
@@ -201,6 +209,7 @@ def materialize(row_id: str, row: dict, wheelhouse: Path, venv: Path, python: st
         for name, (_, block) in parse_lock((wheelhouse / rel).read_text()).items():
             blocks[canonicalize_name(name)] = block
     files = wheelhouse / "files"
+    beat.stage_to(f"venv {row_id}: installing {len(plan['install'])} files (pip, offline, hash-checked)")
     wheels = [f for f in plan["install"] if f["kind"] == "wheel"]
     sdists = [f for f in plan["install"] if f["kind"] == "sdist"]
     for part, extra in ((wheels, []), (sdists, ["--no-build-isolation"])):
@@ -212,6 +221,7 @@ def materialize(row_id: str, row: dict, wheelhouse: Path, venv: Path, python: st
     t_install = time.monotonic()
     uncompiled: list[str] = []
     if compile_bytecode:
+        beat.stage_to(f"venv {row_id}: compiling bytecode")
         # As the image's bytecode step does: the probe's first import would otherwise compile
         # every module it touches, one at a time (pip's own compile is serial: --no-compile above).
         p = subprocess.run([str(venv / "bin" / "python"), "-m", "compileall", "-q", "-j", "0", str(site)],

@@ -87,3 +87,57 @@ class RichProgress(PlainProgress):
 
     def message(self, text):
         self.console.print(text, markup=False, highlight=False)
+
+
+class Heartbeat:
+    """One progress model for a long command whose output may be a pipe (CI, Slurm logs): the
+    stage, items (or bytes) done of the total and the elapsed time, every `every` seconds when
+    the stream is not a terminal (a terminal gets the command's own lines). A daemon thread: ^C
+    stops the command at once, and `with` ends the beats."""
+
+    def __init__(self, stage: str, total: int | None = None, unit: str = "", stream=None, every: float = 20.0):
+        self.stage, self.total, self.unit = stage, total, unit
+        self.stream = stream or sys.stderr
+        self.every = every
+        self.done = 0
+        self.what = ""
+        self.t0 = time.monotonic()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.lock = threading.Lock()
+
+    def __enter__(self):
+        isatty = getattr(self.stream, "isatty", lambda: False)
+        if not isatty() and self.every > 0:
+            self._thread = threading.Thread(target=self._beat, daemon=True, name="heartbeat")
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        return False
+
+    def advance(self, n: int = 1, what: str = "") -> None:
+        with self.lock:
+            self.done += n
+            if what:
+                self.what = what
+
+    def stage_to(self, stage: str, total: int | None = None) -> None:
+        with self.lock:
+            self.stage, self.total, self.done, self.what = stage, total, 0, ""
+
+    def line(self) -> str:
+        with self.lock:
+            of = f"{self.done}/{self.total}" if self.total is not None else str(self.done)
+            unit = f" {self.unit}" if self.unit else ""
+            what = f" (last: {self.what})" if self.what else ""
+            return (f"[{time.strftime('%H:%M:%S')}] {self.stage}: {of}{unit} done, "
+                    f"{time.monotonic() - self.t0:.0f}s elapsed{what}")
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                print(self.line(), file=self.stream, flush=True)
+            except (OSError, ValueError):  # the stream went away: stop beating, never the command
+                return

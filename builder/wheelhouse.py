@@ -28,6 +28,7 @@ from packaging.tags import Tag
 from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
 
 from .errors import InfraError, InputError
+from .progress import Heartbeat
 from .fsutil import write_atomic, write_json_atomic
 from .index import Metadata, _open, redact, torch_source
 from .lock import Locker, ordered_wheel_tags
@@ -156,7 +157,18 @@ def run(args) -> int:
     except InputError:
         doc = {"schema": SCHEMA, "rows": {}}
     worst = 0
+    beat = Heartbeat("wheelhouse", len(pl.combos), "rows").__enter__()
+    try:
+        worst = _rows(args, pl, locker, out, doc, host, meta, m, beat)
+    finally:
+        beat.__exit__()
+    return worst
+
+
+def _rows(args, pl, locker, out: Path, doc: dict, host, meta, m, beat) -> int:
+    worst = 0
     for c in pl.combos:
+        beat.stage_to(f"wheelhouse {c.id}: locking")
         lr = locker.lock(c, args.locks)
         if not lr.ok:
             print(f"{c.id}: not locked: {lr.status}: {' '.join(lr.detail.split())[:300]}", file=sys.stderr)
@@ -165,7 +177,7 @@ def run(args) -> int:
         src = torch_source(c.cuda, c.torch, meta, m.pytorch_index, machine=_machine(c))
         layers = {layer.name: layer.text() for layer in lr.layers}
         files, got, skipped = add_row(out, doc, c, layers, meta, host, lock_hash=lr.lock_hash, era=lr.era,
-                                      torch_index=src.url)
+                                      torch_index=src.url, beat=beat)
         write_json_atomic(out / MANIFEST, doc)  # after each row: an interrupted run keeps what it has
         print(f"{c.id}: {len(files)} files, {got / 2**20:.0f} MiB here"
               + (f", {skipped} the node has (--host-packages)" if skipped else "") + f" -> {out}")
@@ -173,7 +185,7 @@ def run(args) -> int:
 
 
 def add_row(out: Path, doc: dict, c, layers: dict[str, str], meta: Metadata, host: dict[str, str], *,
-            lock_hash: str | None, era: str, torch_index: str | None = None) -> tuple[list, int, int]:
+            lock_hash: str | None, era: str, torch_index: str | None = None, beat=None) -> tuple[list, int, int]:
     """Write one row's locks and files into the wheelhouse and its entry into `doc` (the manifest).
     -> (its files, bytes downloaded, files left to the node)."""
     prio = _priority(ordered_wheel_tags(c.python, c.glibc, c.platform))
@@ -198,6 +210,10 @@ def add_row(out: Path, doc: dict, c, layers: dict[str, str], meta: Metadata, hos
                 entry["size"] = download(f, out / entry["file"])
                 got += entry["size"]
             files.append(entry)
+            if beat is not None:
+                if not beat.stage.endswith("files"):
+                    beat.stage_to(f"wheelhouse {c.id}: files")
+                beat.advance(1, f"{f['filename']}, {got >> 20} MiB so far")
     doc["rows"][c.id] = {"combo": c.to_dict(), "lock_hash": lock_hash, "era": era, "glibc": c.glibc,
                          "locks": lock_files, "files": files,
                          "torch_index": redact(torch_index) if torch_index else "default"}

@@ -207,3 +207,32 @@ def test_first_day_errors_say_what_to_do(run_cli, tmp_path):
     assert p.returncode == 2 and "a private key: pass the public half" in p.stderr and "Traceback" not in p.stderr
     p = run_cli("verify", "127.0.0.1:5000/envbuild/verl:v1", "--pubkey", keys / "envbuild.pub.json")
     assert p.returncode == 2 and "verify an image by digest" in p.stderr
+
+
+def test_heartbeat_reports_to_a_pipe_and_never_to_a_terminal():
+    import io
+    import time as _t
+
+    from envbuild.progress import Heartbeat
+
+    class Pipe(io.StringIO):
+        def isatty(self):
+            return False
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    pipe = Pipe()
+    with Heartbeat("census", 3, "combinations", stream=pipe, every=0.05) as b:
+        b.advance(1, "verl0.9.1-vllm0.24.0: ok")
+        _t.sleep(0.3)
+    out = pipe.getvalue().splitlines()
+    assert out and "census: 1/3 combinations done" in out[-1] and "last: verl0.9.1-vllm0.24.0: ok" in out[-1]
+    n = len(out)
+    _t.sleep(0.2)
+    assert len(pipe.getvalue().splitlines()) == n  # ended with the block
+    tty = Tty()
+    with Heartbeat("venv", stream=tty, every=0.05):
+        _t.sleep(0.2)
+    assert tty.getvalue() == ""
