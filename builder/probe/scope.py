@@ -67,6 +67,7 @@ class Scoper:
         self._trees = Trees()  # syntax trees, parsed once
         self._models: dict[str, tuple[list[str], str]] | None = None
         self._importers: dict[str, list[str]] | None = None
+        self._by_path: dict[str, str] | None = None
 
     # -- files
     def path_of(self, mod: str) -> str | None:
@@ -268,25 +269,35 @@ class Scoper:
         return None
 
     def _top_imports(self, path: str, lines: bool = False):
-        """Modules imported at module level (not in a function, not under try/if) by a file."""
-        tree = self.tree(path)
-        if tree is None:
-            return []
+        """Modules imported at module level (column 0: not in a function, not under try/if) by a
+        file. Read with a pattern, not a syntax tree: this runs over every file of verl."""
+        text = self._text(path)
         here = self.module_of(path)
         is_pkg = path.endswith("__init__.py")
         out = []
-        for node in tree.body:
-            if isinstance(node, ast.Import):
-                out += [(a.name, node.lineno) for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    parts = here.split(".") if is_pkg else here.split(".")[:-1]
-                    parts = parts[:len(parts) - (node.level - 1)] if node.level > 1 else parts
-                    base = ".".join(parts + ([base] if base else []))
-                out.append((base, node.lineno))
-                out += [(f"{base}.{a.name}", node.lineno) for a in node.names]
-        return out if lines else [m for m, _ in out]
+        for m in _TOP_IMPORT.finditer(text):
+            line = text.count("\n", 0, m.start()) + 1
+            if m.group("plain"):
+                out += [(name.split(" as ")[0].strip(), line) for name in m.group("plain").split(",") if name.strip()]
+                continue
+            dots, base = len(m.group("dots")), m.group("mod") or ""
+            if dots:
+                parts = here.split(".") if is_pkg else here.split(".")[:-1]
+                parts = parts[:len(parts) - (dots - 1)] if dots > 1 else parts
+                base = ".".join(parts + ([base] if base else []))
+            out.append((base, line))
+            names = re.sub(r"#[^\n]*", "", m.group("names")).strip("()\n ")
+            out += [(f"{base}.{n.split(' as ')[0].strip()}", line) for n in names.split(",") if n.strip()]
+        return out if lines else [mod for mod, _ in out]
+
+    def _text(self, path: str) -> str:
+        if self._by_path is None:
+            self._by_path = dict(self.sources())
+        return self._by_path.get(path, "")
+
+
+_TOP_IMPORT = re.compile(r"^(?:import[ \t]+(?P<plain>[\w., \t]+)$|from[ \t]+(?P<dots>\.*)(?P<mod>[\w.]*)[ \t]+import[ \t]+"
+                         r"(?P<names>\([^)]*\)|[^\n]*))", re.M)
 
 
 # ---------------------------------------------------------------- verl's rollout registry
