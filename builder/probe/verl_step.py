@@ -217,7 +217,9 @@ def run_verl_step(v: Verdict, engine: str, *, gpu: bool, python: str | None = No
         v.add("verl-step", PASS, f"one GRPO step through verl's trainer: {shown}\n{how}", seconds=secs)
         return
     why = "timed out" if timed_out else f"exit {rc}" if rc else "exited 0 without logging step 1"
-    v.add("verl-step", FAIL, f"verl's trainer {why}: {verl_error(out)}\n{how}\nlog tail:\n{out[-1500:]}",
+    head = f"verl's trainer {why}: {verl_error(out)}"
+    # first and last: readers that keep a detail's tail (the table) still show verl's own error
+    v.add("verl-step", FAIL, f"{head}\n{how}\nlog tail:\n{out[-1200:]}\n{head}",
           "verl-step-timeout" if timed_out else "verl-step-failed", secs)
 
 
