@@ -210,11 +210,7 @@ def body_of(row: Row, run_url: str | None, table_url: str | None, scope: str = "
         lines += [f"Image: {code(row.pinned)}", ""]
     if detail:
         lines += ["Log excerpt:", ""] + fenced(detail) + [""]
-    links = [f"[run](<{_link(run_url)}>)"] if run_url else []
-    if table_url:
-        links.append(f"[table](<{_link(table_url)}>)")
-    lines += [("See " + " · ".join(links) + ". " if links else "")
-              + "This issue is opened and closed by `envbuild ci notify`; it closes when the combination passes."]
+    lines += [_footer(run_url, table_url, "the combination passes")]
     return "\n".join(lines) + "\n"
 
 
@@ -227,12 +223,16 @@ def _scope_body(row: Row, scope: str, run_url: str | None, table_url: str | None
              "runs that do not use it are not affected.", ""]
     if detail:
         lines += ["Finding:", ""] + fenced(detail) + [""]
+    lines += [_footer(run_url, table_url, "the scope passes")]
+    return "\n".join(lines) + "\n"
+
+
+def _footer(run_url: str | None, table_url: str | None, closes: str) -> str:
     links = [f"[run](<{_link(run_url)}>)"] if run_url else []
     if table_url:
         links.append(f"[table](<{_link(table_url)}>)")
-    lines += [("See " + " · ".join(links) + ". " if links else "")
-              + "This issue is opened and closed by `envbuild ci notify`; it closes when the scope passes."]
-    return "\n".join(lines) + "\n"
+    return (("See " + " · ".join(links) + ". " if links else "")
+            + f"This issue is opened and closed by `envbuild ci notify`; it closes when {closes}.")
 
 
 def _link(url: str) -> str:
