@@ -96,6 +96,8 @@ SGLANG_041 = {
             except ImportError:
                 fallback_thing = None
             plain_call(1)
+            if isinstance(x, dict):
+                typed_call(2)
         ''',
 }
 
@@ -130,6 +132,8 @@ def test_guards_around_the_line(v041):
     assert sc.scope(mod, 6, True)["scope"] == "guard:gpu-only"
     assert sc.scope(mod, 8, True)["scope"] == "guard:runtime-check"
     assert sc.scope(mod, 10, True)["scope"] == "guard:fallback"
+    # a type check is no capability check: what it guards runs on every run that takes it
+    assert sc.scope(mod, 15, True)["scope"] == vocab.CORE
     # unguarded, in the async server, which verl 0.9.1 runs by default: core
     s = sc.scope(mod, 13, True)
     assert s["scope"] == vocab.CORE and "on by default at verl 0.9.1" in s["why"]
