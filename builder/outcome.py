@@ -109,7 +109,7 @@ class Check:
     def problem(self) -> bool:
         """Explains a non-passing verdict: a core check that did not pass (a scoped failure is a
         caveat of the runs that opt in, listed apart)."""
-        return self.status not in NOT_A_PROBLEM and is_core(self.scope)  # vocab.is_problem, and "ok"/None
+        return self.status not in NOT_A_PROBLEM and is_core(self.scope)
 
     @property
     def scoped_failure(self) -> bool:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 
 from .row import Row, Table, parse_pinned
 from .selector import Selectors, from_flags, version_matches
-from .probe.vocab import DECISIVE, DEFAULT_PLATFORM, FAILING, LEVELS, PASS, level_rank
+from .probe.vocab import DECISIVE, DEFAULT_PLATFORM, FAILING, LEVELS, PASS, level_rank, model_types, scope_flag
 
 DEFAULT_LEVEL = "contract"  # env only proves versions; contract proves verl's rollout imports
 STANDING = {"verified": 4, "unpinned": 3, "untested": 2, "broken": 1}
@@ -54,8 +54,7 @@ class Ask:
     def describe(self) -> str:
         return (self.selectors.describe() + (f" --gpu sm_{self.sm}" if self.sm else "")
                 + (f" --driver {self.driver}" if self.driver else "")
-                + "".join(f" --model-type {s[6:]}" if s.startswith("model:") else f" --feature {s}"
-                          for s in sorted(self.scopes)))
+                + "".join(" " + scope_flag(s) for s in sorted(self.scopes)))
 
 
 def ask(sel=None, level: str = DEFAULT_LEVEL, sm: int | None = None, driver: str | None = None) -> Ask:
@@ -119,12 +118,8 @@ def facts(row: Row) -> Facts:
 
 def scope_hits(broken: tuple[str, ...], scopes) -> list[str]:
     """The broken scopes a run enters: a feature by name, a model type when a `model:` scope lists it."""
-    out = []
-    for s in broken:
-        if s in scopes or (s.startswith("model:") and any(
-                x.startswith("model:") and x[6:] in s[6:].split(",") for x in scopes)):
-            out.append(s)
-    return out
+    asked = {t for x in scopes for t in model_types(x)}
+    return [s for s in broken if s in scopes or asked & set(model_types(s))]
 
 
 def _ver(v: object) -> tuple:

@@ -230,16 +230,6 @@ class Row:
     # reader whose run enters a scope reads the row as broken for that run (query.Ask.scopes).
     scopes: dict = field(default_factory=dict)
 
-    def broken_for(self, scopes) -> list[str]:
-        """The scopes of a run (feature names, `model:T`) under which this row is broken."""
-        out = []
-        for s in self.scopes:
-            if s in scopes:
-                out.append(s)
-            elif s.startswith("model:") and any(x.startswith("model:") and x[6:] in s[6:].split(",") for x in scopes):
-                out.append(s)
-        return out
-
     def level(self, name: str) -> Entry:
         return self.levels.get(name) or Entry()
 

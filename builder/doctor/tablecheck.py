@@ -6,7 +6,8 @@ from typing import Any
 
 from ..errors import EnvbuildError
 from ..query import exact, scope_hits
-from ..probe.vocab import DEFAULT_PLATFORM, ENGINE, LEVELS, host_platform, is_failing, variant_tag
+from ..probe.vocab import (DEFAULT_PLATFORM, ENGINE, LEVELS, host_platform, is_failing, model_types, scope_flag,
+                           variant_tag)
 from .common import (FAIL, PASS, WARN, Options, Result)
 
 
@@ -71,9 +72,8 @@ def check_table(opt: Options, engine: str, versions: dict, scopes: frozenset = f
         e = row.scopes[hits[0]]
         return Result("env", "env.table", FAIL, f"{label} is broken for this run: with {e.get('label') or hits[0]}: "
                       + (str(e.get("detail") or "").splitlines() or [""])[0],
-                      "switch that feature off, or pick a stack verified for it "
-                      f"(`envbuild pick --feature {hits[0]}`)" if not hits[0].startswith("model:") else
-                      f"pick a stack verified for this model (`envbuild pick --model-type {hits[0][6:].split(',')[0]}`)", d)
+                      f"pick a stack verified for this run (`envbuild pick {scope_flag(hits[0])}`)"
+                      + ("" if model_types(hits[0]) else ", or switch that feature off"), d)
     avoided = f"; broken only with {', '.join(d['scopes']['broken_avoided'])}, which this run does not use" \
         if d["scopes"]["broken_avoided"] else ""
     if row.status == "verified":

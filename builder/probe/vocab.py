@@ -253,9 +253,16 @@ def is_core(scope: object) -> bool:
     return scope in (None, "", CORE)
 
 
-def is_problem(status: object, scope: object = CORE) -> bool:
-    """A check that explains a verdict that did not pass: not quiet, not a caveat, in the core path."""
-    return status not in NOT_A_PROBLEM and is_core(scope)
+def model_types(scope: object) -> tuple[str, ...]:
+    """`model:qwen3_5,qwen3_5_moe` -> ("qwen3_5", "qwen3_5_moe"); () for any other scope."""
+    s = str(scope or "")
+    return tuple(s[len(MODEL_SCOPE):].split(",")) if s.startswith(MODEL_SCOPE) else ()
+
+
+def scope_flag(scope: str) -> str:
+    """How `envbuild pick` spells a run's scope: `--model-type T` or `--feature F`."""
+    types = model_types(scope)
+    return f"--model-type {types[0]}" if types else f"--feature {scope}"
 
 
 def scope_label(scope: object) -> str:
