@@ -250,7 +250,7 @@ def _scopes(recs: list) -> dict:
                 if not c.scoped_failure:
                     continue
                 e = out.setdefault(c.scope, {"label": scope_label(c.scope), "from": c.scope_from, "where": where,
-                                             "checks": [], "detail": _short(c.detail, 400)})
+                                             "checks": [], "detail": c.detail[:400]})  # file:line leads
                 if c.name not in e["checks"]:
                     e["checks"].append(c.name)
     return {k: out[k] for k in sorted(out)}

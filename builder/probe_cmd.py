@@ -44,24 +44,32 @@ def add_arguments(p) -> None:
     add_ray_arguments(p)  # --ray ADDRESS, --results, --retries and the selectors (envbuild.fanout)
 
 
-def _release(args, axis: str | None, want: str | None) -> str | None:
+def _declared(args) -> dict[str, list[str]] | None:
+    """The matrix's declared releases per axis (verl and each engine), read once; None without a
+    matrix to read (a pick-only install, a missing file)."""
+    try:
+        from .matrix import matrix_from_args
+
+        m = matrix_from_args(args)
+    except (ImportError, EnvbuildError, OSError):
+        return None
+    return {"verl": list(m.verl), **{k: list(v or []) for k, v in m.engines.items()}}
+
+
+def _release(declared: dict | None, axis: str | None, want: str | None) -> str | None:
     """A selector's version as every command reads it (selector.release_of over the matrix's
     declared releases): `--vllm 0.8.5` means 0.8.5.post1 where that is the matrix's one 0.8.5, as
     lock and build read it; a version the matrix does not declare is expected as given."""
-    if not want or not axis:
+    if not want or not axis or declared is None:
         return want
-    try:
-        from .matrix import matrix_from_args
-        from .selector import release_of
+    from .selector import release_of
 
-        m = matrix_from_args(args)
-        declared = m.verl if axis == "verl" else (m.engines.get(axis) or [])
-        return release_of(want, list(declared), f"--{axis}", undeclared=True)[0]
-    except (ImportError, EnvbuildError, OSError):
-        return want  # no matrix to read (a pick-only install, a missing file): as given
+    return release_of(want, declared.get(axis) or [], f"--{axis}", undeclared=True)[0]
 
 
 def _expect(args, sel) -> dict:
+    declared = _declared(args) if (sel.engine_version and not args.expect_engine_version) or \
+        (sel.verl and not args.expect_verl) else None
     cuda = args.expect_cuda or sel.cuda
     if cuda:
         var = parse_variant(cuda)
@@ -69,8 +77,8 @@ def _expect(args, sel) -> dict:
             raise InputError("command line", None, "--expect-cuda", cuda, "not a variant (cu124 or 12.4, rocm6.2, or cpu)")
         cuda = var.tag
     expect = {"cuda": cuda, "torch": args.expect_torch or sel.torch,
-              "engine_version": args.expect_engine_version or _release(args, sel.engine, sel.engine_version),
-              "verl": args.expect_verl or _release(args, "verl", sel.verl),
+              "engine_version": args.expect_engine_version or _release(declared, sel.engine, sel.engine_version),
+              "verl": args.expect_verl or _release(declared, "verl", sel.verl),
               "platform": sel.platform}  # --platform: an image of another machine runs emulated
     return {k: v for k, v in expect.items() if v}
 

@@ -50,6 +50,12 @@ def _words(e: ast.AST) -> list[str]:
     return out
 
 
+def _model_type_values(words: list[str]) -> list[str]:
+    """The model types an `if … model_type …` test names (its string constants, not its names)."""
+    return sorted({w for w in words if w not in ("model_type", "config", "model", "hf_config")
+                   and re.fullmatch(r"[a-z0-9_.\-]+", w)})
+
+
 def _guard_hit(words: list[str], guard: str) -> bool:
     """`guard` (multi_stage_wake_up) names one of the identifiers, whole or as a run of its words."""
     g = _tokens(guard)
@@ -134,8 +140,7 @@ class Scoper:
                 test, positive = test.operand, not positive
             words = _words(test)
             if "model_type" in words:
-                types = sorted({w for w in words if w not in ("model_type", "config", "model", "hf_config")
-                                and re.fullmatch(r"[a-z0-9_.\-]+", w)})
+                types = _model_type_values(words)
                 if types and positive:
                     return _scope(MODEL_SCOPE + ",".join(types), SCOPE_FROM_CODE,
                                   f"under `if … model_type …` at {where}")
@@ -203,8 +208,7 @@ class Scoper:
                     words = _words(node.test)
                     mine = types
                     if "model_type" in words:
-                        mine = sorted({w for w in words if w not in ("model_type", "config", "model", "hf_config")
-                                       and re.fullmatch(r"[a-z0-9_.\-]+", w)}) or types
+                        mine = _model_type_values(words) or types
                     visit(node.body, mine)
                     visit(node.orelse, types)
                     continue
