@@ -132,3 +132,22 @@ def test_verl_step_needs_a_gpu_and_follows_the_engine_step(monkeypatch):
     v.add("gpu:rollout", "fail", "engine broke", "x")
     verl_step.engine_step_summary(v, 1.0)
     assert v.checks[-1].name == "engine-step" and v.checks[-1].status == "fail"
+
+
+def test_the_steps_ray_is_ended_and_no_other(tmp_path):
+    """Only processes that name the step's work folder are ended (verl's local Ray keeps its temp
+    dir there); `ray stop --force` would end a user's own cluster on the same node."""
+    import subprocess
+    import time
+
+    work = str(tmp_path / "envbuild-verl-step-x")
+    mine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", work])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(tmp_path / "other")])
+    try:
+        time.sleep(0.2)
+        verl_step._stop_ray(sys.executable, work)
+        assert mine.wait(timeout=10) != 0 and other.poll() is None
+    finally:
+        for p in (mine, other):
+            p.kill()
+            p.wait()

@@ -240,9 +240,22 @@ def engine_step_summary(v: Verdict, seconds: float) -> None:
 
 
 def _stop_ray(python: str, work: str) -> None:
-    """The step's own Ray (started by verl's ray.init) must not outlive it."""
-    try:
-        subprocess.run([python, "-m", "ray.scripts.scripts", "stop", "--force"], cwd=work, env=step_env(work),
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        pass
+    """The step's own Ray (verl's ray.init, its temp dir under `work`) must not outlive it. Only
+    processes whose command line names `work` are ended: `ray stop --force` would end every Ray on
+    the host, a user's cluster on a shared node included."""
+    import signal
+
+    me = os.getpid()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == me:
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if work.encode() in cmd:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
