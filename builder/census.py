@@ -170,9 +170,8 @@ def run(args) -> int:
     cen = Census(m, meta, args.jobs)
     t0 = time.monotonic()
     statuses = []
-    beat = Heartbeat("census", len(pl.combos), "combinations").__enter__()
     try:
-        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        with Heartbeat("census", len(pl.combos), "combinations") as beat, ThreadPoolExecutor(max(1, args.jobs)) as pool:
             for i, rec in enumerate(pool.map(cen.one, pl.combos), 1):
                 beat.advance(1, f"{rec.combo['id']}: {rec.status}")
                 write_record(args.results, rec)
@@ -184,7 +183,6 @@ def run(args) -> int:
                     why = f" ({rec.cause})" if rec.cause else ""
                     print(f"[{i}/{len(pl.combos)}] {rec.combo['id']}: {rec.status}{why}", flush=True)
     finally:
-        beat.__exit__()
         cen.close()
     counts = {s: statuses.count(s) for s in sorted(set(statuses))}
     print(f"census: {len(statuses)} combinations in {time.monotonic() - t0:.1f} s: "

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 
 from .attest import verify_cli
 from .errors import InputError, TrustError
@@ -89,8 +91,6 @@ def add_arguments(p) -> None:
 
 def _looks_like_image_tag(s: str) -> bool:
     """`registry:5000/repo:tag` or `repo:tag`, and no such file or folder here."""
-    import os
-    import re
     if os.path.exists(s) or "://" in s:
         return False
     return bool(re.fullmatch(r"(?:[a-z0-9.-]+(?::\d+)?/)?[a-z0-9._/-]+:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", s))

@@ -156,13 +156,8 @@ def run(args) -> int:
         doc = read_manifest(out)
     except InputError:
         doc = {"schema": SCHEMA, "rows": {}}
-    worst = 0
-    beat = Heartbeat("wheelhouse", len(pl.combos), "rows").__enter__()
-    try:
-        worst = _rows(args, pl, locker, out, doc, host, meta, m, beat)
-    finally:
-        beat.__exit__()
-    return worst
+    with Heartbeat("wheelhouse", len(pl.combos), "rows") as beat:
+        return _rows(args, pl, locker, out, doc, host, meta, m, beat)
 
 
 def _rows(args, pl, locker, out: Path, doc: dict, host, meta, m, beat) -> int:
