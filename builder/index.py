@@ -595,10 +595,14 @@ class Metadata:
         """The engine's runtime extras this release provides (vocab.EngineSpec.runtime_extras:
         SGLang keeps its runtime deps, torch among them, in [srt] up to 0.5.2)."""
         spec = ENGINE.get(engine)
-        if spec is None or not spec.runtime_extras:
+        return self.provided_extras(dist_of(engine), version, spec.runtime_extras) if spec else ()
+
+    def provided_extras(self, name: str, version: str, wanted: tuple[str, ...]) -> tuple[str, ...]:
+        """Those of `wanted` that this release declares (Provides-Extra), in `wanted`'s order."""
+        if not wanted:
             return ()
-        provided = self.get(dist_of(engine), version)["provides_extra"]
-        return tuple(x for x in spec.runtime_extras if x in provided)
+        provided = {_norm(x) for x in self.get(name, version)["provides_extra"]}
+        return tuple(x for x in wanted if _norm(x) in provided)
 
     def torch_pin(self, engine: str, version: str) -> str | None:
         key = ("torch_pin", engine, version)

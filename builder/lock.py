@@ -50,20 +50,22 @@ from packaging.version import Version
 from .errors import EnvbuildError, InfraError
 from .fsutil import write_atomic, write_json_atomic
 from .scratch import scratch_dir
-from .lockfile import layer_text, parse_lock, text_of
+from .backtrack import STALE_YEARS, admitted_floor, stale_pins
+from .lockfile import dependents_of, layer_text, parse_lock, text_of
 from .outcome import LOCK_OK, LOCK_VERDICTS
 from .index import Metadata, TorchSource, check_reachable, default_index_url, redact, torch_source, uv_exe
 from .matrix import Matrix
 from .values import Combo
 
 from .paths import cache_dir
-from .probe.vocab import DEFAULT_PLATFORM, ENGINE, dist_of, platform_machine
+from .probe.vocab import DEFAULT_PLATFORM, ENGINE, VERL_RUNTIME_EXTRAS, dist_of, platform_machine
 
 LAYERS = ("torch", "engine", "verl")
 # Build backends an sdist commonly asks for; pinned as of the era in the build constraints.
 BUILD_BACKENDS = ("setuptools", "wheel", "hatchling", "flit-core", "poetry-core", "setuptools-scm",
                   "packaging", "cython", "ninja", "cmake", "scikit-build-core", "pybind11")
 MAX_RELAX = 12  # lifts of the cutoff for one combination; each is one more resolution
+MAX_FLOOR_ROUNDS = 3  # resolutions spent on floors for stale backtracks (backtrack.py)
 
 # uv's messages -> our classes. An unreachable index is infrastructure, never a verdict.
 _NET_RE = re.compile(r"(error sending request|Could not connect|connection (refused|reset)|dns error|"
@@ -254,7 +256,8 @@ class Locker:
             extras = self.meta.engine_extras(c.engine, c.engine_version)
             reqs.append(dist_of(c.engine) + (f"[{','.join(extras)}]" if extras else "") + f"=={c.engine_version}")
             dated.append((dist_of(c.engine), c.engine_version))
-        reqs.append(f"verl=={c.verl}")
+        vx = self.meta.provided_extras("verl", c.verl, VERL_RUNTIME_EXTRAS)
+        reqs.append("verl" + (f"[{','.join(vx)}]" if vx else "") + f"=={c.verl}")
         dated.append(("verl", c.verl))
         # The top of the stack first: uv prefers the newest versions for the dependencies of the
         # requirements it meets first. torch first made verl 0.9.1's lock take fsspec 2026.9.0 for
@@ -278,7 +281,7 @@ class Locker:
             return LockResult(c, "unsatisfiable", str(e), torch_index=res.torch_index)
         res.era = when
         key = _sha(json.dumps({"reqs": reqs, "era": when, "python": c.python, "platform": platform_tag(c.glibc, c.platform),
-                               "torch_index": res.torch_index, "uv": self.uv_version, "v": 2,
+                               "torch_index": res.torch_index, "uv": self.uv_version, "v": 4,
                                "no_build": self.no_build, "allow_build": self.allow_build}))
         d, cached = self._cached(key, lambda: self._gate(src) or self._resolve(reqs, when, c, src))
         if d["status"] == "index-unreachable" and not d["text"].startswith(("the PyTorch index", "the package index")):
@@ -393,6 +396,15 @@ class Locker:
         return {"status": "index-unreachable", "text": why} if why else None
 
     def _resolve(self, reqs: list[str], when: str, c: Combo, src: TorchSource) -> dict:
+        d, pl = self._resolve_era(reqs, when, c, src)
+        if d["status"] == "ok":
+            d, pl = self._floor_stale(d, pl, reqs, when, c, src)
+        if d["status"] != "ok":
+            return d
+        return self._sdists(d, pl, c)
+
+    def _resolve_era(self, reqs: list[str], when: str, c: Combo, src: TorchSource) -> tuple[dict, dict]:
+        """(requirements answer, pylock answer) as of the era, its artefacts lifted."""
         lifts: dict[str, str] = {}  # package -> its own cutoff
         taken: dict[str, str] = {}  # package -> the upload date it needed
         yanked: list[str] = []  # notes: yanked pins taken as pip takes them
@@ -429,9 +441,47 @@ class Locker:
         d["era"] = when
         if d["status"] == "unsatisfiable" and notes:
             d["text"] += "\n(unsatisfiable with the cutoff lifted for " + ", ".join(sorted(lifts)) + " too)"
-        if d["status"] != "ok":
-            return d
-        return self._sdists(d, pl, c)
+        return d, pl
+
+    def _floor_stale(self, d: dict, pl: dict, reqs: list[str], when: str, c: Combo,
+                     src: TorchSource) -> tuple[dict, dict]:
+        """Stale backtracks (backtrack.py) get a floor and the stack is resolved again; the floored
+        answer is taken only if it backtracks nothing else that far (a floor on antlr4 once took
+        hydra-core back to 0.11). A floor the stack cannot meet is dropped, the old pin kept.
+        Both outcomes are said in the lock's notes."""
+        if pl["status"] != "ok":
+            return d, pl
+        before = stale_pins(pl["text"], when, self.meta)
+        via, pins = dependents_of(d["text"]), parse_lock(d["text"])
+        floors = {}
+        for n, (v, date, _) in before.items():
+            f = admitted_floor(n, via.get(n, []), pins, when, self.meta)
+            if f:
+                floors[n] = (v, date, f)
+        kept_old: list[str] = []
+        for _ in range(MAX_FLOOR_ROUNDS):
+            if not floors:
+                break
+            d2, pl2 = self._resolve_era(reqs + [f"{n}>={f}" for n, (_, _, f) in sorted(floors.items())], when, c, src)
+            if d2["status"] not in ("ok", "unsatisfiable") or pl2["status"] not in ("ok", "unsatisfiable"):
+                return (d2 if d2["status"] != "ok" else pl2), pl2  # infrastructure: no answer (not cached)
+            worse = sorted(set(stale_pins(pl2["text"], when, self.meta)) - set(before)) if d2["status"] == "ok" else []
+            if d2["status"] == "ok" and not worse:
+                new = parse_lock(d2["text"])
+                d2["relaxed"] = d2.get("relaxed", []) + [
+                    f"{n} {new[n][0] if n in new else '(none)'} taken, not {v} of {date}: uv had backtracked {n} "
+                    f"to a release over {STALE_YEARS} years older than the era {when} (asked: {n}>={f})"
+                    for n, (v, date, f) in sorted(floors.items())] + kept_old
+                return d2, pl2
+            why = (f"with it uv backtracks {', '.join(worse)} that far instead" if worse else
+                   "no release of it from those years fits this stack")
+            named = set(floors) if worse else ({n for n in floors if _name_re(n).search(d2["text"])} or set(floors))
+            for n in sorted(named):
+                v, date, f = floors.pop(n)
+                kept_old.append(f"{n} {v} of {date} kept, over {STALE_YEARS} years older than the era {when}: "
+                                f"a floor ({n}>={f}) was tried, {why}")
+        d["relaxed"] = d.get("relaxed", []) + kept_old
+        return d, pl
 
     @staticmethod
     def _yanked_pins(text: str, reqs: list[str]) -> list[tuple[str, str]]:
@@ -546,6 +596,12 @@ class Locker:
         else:
             status = "lock-error"
         return {"status": status, "text": err[-20000:]}
+
+
+def _name_re(name: str) -> re.Pattern:
+    """A distribution name as uv may spell it (any of - _ . between its words, any case)."""
+    return re.compile(r"(?<![A-Za-z0-9_.\-])" + r"[-_.]+".join(map(re.escape, re.split(r"[-_.]+", name)))
+                      + r"(?![A-Za-z0-9_\-])", re.I)
 
 
 def _unreachable_hint(text: str, src) -> str:

@@ -63,3 +63,27 @@ def pins_of(lock_text: str) -> dict[str, tuple[str, set[str]]]:
                               for part in block.split("--hash=")[1:] if "sha256:" in part)}
         out[canonicalize_name(name)] = (version, hashes)
     return out
+
+
+def dependents_of(lock_text: str) -> dict[str, list[str]]:
+    """{name: the names uv's `# via` comments give for it}; `-r <file>` means asked for directly."""
+    out: dict[str, list[str]] = {}
+    current, in_via = None, False
+    for line in lock_text.splitlines():
+        m = re.match(r"^([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?==", line)
+        if m:
+            current, in_via = canonicalize_name(m.group(1)), False
+            out.setdefault(current, [])
+            continue
+        s = line.strip()
+        if current is None or not s.startswith("#"):
+            continue
+        s = s[1:].strip()
+        if s.startswith("via"):
+            in_via = True
+            s = s[3:].strip()
+        elif not in_via:
+            continue
+        if s:
+            out[current].append(s if s.startswith("-r") else canonicalize_name(s.split()[0]))
+    return out

@@ -34,6 +34,34 @@ def test_parse_and_layer_text():
     assert "torch==" not in text and "filelock" not in text  # only the layer's own packages
 
 
+def test_via_comments_name_who_depends_on_each_pin():
+    from envbuild.lockfile import dependents_of
+    text = UV_OUT + "antlr4-python3-runtime==4.9.3 \\\n    --hash=sha256:eee\n    # via\n    #   hydra-core\n    #   omegaconf\n"
+    assert dependents_of(text) == {"filelock": ["torch"], "torch": ["-r requirements.in"], "typing-extensions": [],
+                                   "antlr4-python3-runtime": ["hydra-core", "omegaconf"]}
+
+
+def test_verl_comes_with_its_runtime_extra_where_the_release_declares_one(tmp_path):
+    """verl 0.9 moved what its default trainer imports at start-up (TransferQueue, cachetools)
+    into [verl-core]; without it `main_ppo` stops at `import transfer_queue` on the GPU."""
+    from envbuild.index import TorchSource
+    from envbuild.values import Combo
+
+    rel = {"requires_python": "", "released": "2026-09-20T00:00:00Z", "requires_dist": []}
+    snap = tmp_path / "meta.json"
+    snap.write_text(json.dumps({"releases": {
+        "verl==0.9.1": {**rel, "provides_extra": ["test", "verl-core", "vllm"]},
+        "verl==0.8.0": {**rel, "provides_extra": ["test", "vllm", "sglang"]},
+        "vllm==0.24.0": {**rel, "provides_extra": []}}}))
+    locker = Locker(load_matrix(default_matrix()), Metadata(snapshot=snap, online=False), cache=tmp_path / "c")
+    src = TorchSource("cu130", "cu130", None)
+    for verl, want in [("0.9.1", "verl[verl-core]==0.9.1"), ("0.8.0", "verl==0.8.0")]:
+        c = Combo(verl=verl, engine="vllm", engine_version="0.24.0", torch="2.11.0", cuda="cu130", python="3.12",
+                  glibc="2.39")
+        reqs, _ = locker.requirements(c, src)
+        assert reqs[0] == want, reqs
+
+
 def test_era_is_newest_release_plus_grace():
     assert era(["2025-04-15T00:30:02Z", "2025-06-27T00:11:49Z"], 14) == "2025-07-11"
     assert era(["2025-01-29T00:00:00Z"], 0) == "2025-01-29"

@@ -145,3 +145,56 @@ def test_a_yanked_release_pinned_exactly_by_a_dependency_is_taken_as_pip_takes_i
     finally:
         idx.close()
         indexmod.default_index_url.cache_clear()
+
+
+def _backtrack_index(tmp_path, monkeypatch, q_requires: str):
+    """p needs c (any), q needs `q_requires`; b 2.0 caps c at 1.0, b 1.0 (2019) caps nothing.
+    uv decides c (met first, through p) at its newest and backtracks b to 1.0."""
+    idx = LocalIndex(tmp_path / "index")
+    w = tmp_path / "w"
+    w.mkdir()
+    for name, version, requires, day in [("pkgp", "1.0", ["pkgc"], "2026-01-01"), ("pkgq", "1.0", [q_requires], "2026-01-01"),
+                                         ("pkgb", "1.0", ["pkgc"], "2019-05-01"), ("pkgb", "2.0", ["pkgc<=1.0"], "2025-06-01"),
+                                         ("pkgb", "2.1", ["pkgc<=1.0"], "2025-09-01"),
+                                         ("pkgc", "1.0", [], "2025-01-01"), ("pkgc", "2.0", [], "2026-02-01")]:
+        idx.add("simple", _wheel(w, name, version, requires), f"{day}T00:00:00Z")
+    monkeypatch.setenv("UV_DEFAULT_INDEX", idx.url("simple"))
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uvc"))
+    indexmod.default_index_url.cache_clear()
+    return idx
+
+
+def test_a_release_years_older_than_the_era_that_uv_backtracked_to_gets_a_floor(tmp_path, monkeypatch, isolated_cache):
+    """verl 0.9.1 + vLLM 0.24.0 locked datasets 1.1.1 (2020) beside fsspec 2026.9.0: uv kept the
+    newest fsspec it met first and walked datasets back to a release without an fsspec cap, one
+    that cannot import with the era's pyarrow, so verl's trainer stopped at import on the GPU.
+    Here pkgb plays datasets and pkgc fsspec: the lock takes pkgb 2.1 with pkgc 1.0 and says why."""
+    idx = _backtrack_index(tmp_path, monkeypatch, "pkgb")
+    try:
+        locker = Locker(load_matrix(default_matrix()), Metadata(index=idx.url("simple"), snapshot="/dev/null"))
+        first, _ = locker._resolve_era(["pkgp==1.0", "pkgq==1.0"], "2026-03-01", _combo(), TorchSource("cu124", "cu124", None))
+        assert parse_lock(first["text"])["pkgb"][0] == "1.0", "uv no longer backtracks here: the test shows nothing"
+        d = locker._resolve(["pkgp==1.0", "pkgq==1.0"], "2026-03-01", _combo(), TorchSource("cu124", "cu124", None))
+        assert d["status"] == "ok", d["text"]
+        pins = parse_lock(d["text"])
+        assert (pins["pkgb"][0], pins["pkgc"][0]) == ("2.1", "1.0")
+        assert d["relaxed"] == ["pkgb 2.1 taken, not 1.0 of 2019-05-01: uv had backtracked pkgb to a release over 3 "
+                                "years older than the era 2026-03-01 (asked: pkgb>=2.0)"]
+    finally:
+        idx.close()
+        indexmod.default_index_url.cache_clear()
+
+
+def test_an_old_release_a_dependent_caps_it_to_is_a_choice_not_a_backtrack(tmp_path, monkeypatch, isolated_cache):
+    """sympy's `mpmath<1.4` makes mpmath 1.3.0 (2023) the answer; a floor there would send uv
+    back through older sympy, hydra-core, omegaconf releases (the first version of this rule took
+    hydra-core to 0.11.3). A dependent's cap leaves the pin alone, with no note."""
+    idx = _backtrack_index(tmp_path, monkeypatch, "pkgb<2")
+    try:
+        locker = Locker(load_matrix(default_matrix()), Metadata(index=idx.url("simple"), snapshot="/dev/null"))
+        d = locker._resolve(["pkgp==1.0", "pkgq==1.0"], "2026-03-01", _combo(), TorchSource("cu124", "cu124", None))
+        assert d["status"] == "ok", d["text"]
+        assert (parse_lock(d["text"])["pkgb"][0], d["relaxed"]) == ("1.0", [])
+    finally:
+        idx.close()
+        indexmod.default_index_url.cache_clear()

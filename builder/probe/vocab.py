@@ -141,6 +141,11 @@ DEFAULT_ENGINE = "vllm"  # verl's default rollout (actor_rollout_ref.rollout.nam
 ENGINE = {e.name: e for e in ENGINE_SPECS}
 ENGINES = tuple(ENGINE)
 VERSIONED_ENGINES = tuple(e.name for e in ENGINE_SPECS if e.versioned)
+# verl's own runtime extras, taken where a release provides them: from 0.9 the trainer's runtime
+# (TransferQueue, which the default `trainer.use_v1` imports at start-up, cachetools, msgspec, ...)
+# is in [verl-core], which each of verl's engine extras includes; plain `verl` lacks it and
+# `main_ppo` stops at `import transfer_queue`.
+VERL_RUNTIME_EXTRAS = ("verl-core",)
 
 
 def dist_of(name: str) -> str:
