@@ -13,6 +13,7 @@ Schema history:
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -310,6 +311,15 @@ class LazyRows(Sequence):
         return [self[i] for i in range(len(self._raw)) if pred(self.combo(i))]
 
 
+TABLE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
+
+
+def series_id(keyid: str, name: str) -> str:
+    """The table id of the series `name` signed by `keyid`: the same on every machine that
+    publishes it, so serials count across nights and runners (readers keep the newest per id)."""
+    return hashlib.sha256(f"envbuild-table\n{keyid}\n{name}".encode()).hexdigest()[:32]
+
+
 @dataclass
 class Table:
     rows: list[Row]  # a LazyRows when read from JSON
@@ -319,9 +329,11 @@ class Table:
     expires: str | None = None  # "YYYY-MM-DDTHH:MM:SSZ"
     files: dict[str, str] = field(default_factory=dict)  # {relative path: sha256 hex}
     schema: int = SCHEMA
-    # Which table this is (made once per publish folder, signed): a reader that pinned a location
-    # refuses another table there, and serials are remembered per table, not per key.
+    # Which table this is (signed): a reader that pinned a location refuses another table there,
+    # and serials are remembered per table, not per key. With a name, the id is series_id(keyid,
+    # name): every night of the nightly, from whichever fresh runner, is the same table.
     table_id: str | None = None
+    name: str | None = None  # the table's series name (publish --name; the matrix's repository)
 
     def where(self, pred) -> list[Row]:
         """Rows whose combination satisfies pred(Combo)."""
@@ -346,6 +358,8 @@ class Table:
             d.update(serial=self.serial, expires=self.expires, files=dict(self.files))
             if self.table_id:
                 d["table_id"] = self.table_id
+            if self.name:
+                d["name"] = self.name
         return d
 
     @classmethod
@@ -366,4 +380,4 @@ class Table:
         return cls(rows=LazyRows(d["rows"], where),
                    generated=_opt_str(d.get("generated")), keyid=_opt_str(d.get("keyid")), serial=serial,
                    expires=_opt_str(d.get("expires")), files=files, schema=schema,
-                   table_id=_opt_str(d.get("table_id")))
+                   table_id=_opt_str(d.get("table_id")), name=_opt_str(d.get("name")))

@@ -24,7 +24,7 @@ from .errors import InputError
 from .fold import fold
 from .fsutil import exclusive, write_atomic
 from .record import iter_records
-from .row import TABLE_PAYLOAD_TYPE, Row, Table, attestation_path, parse_pinned
+from .row import TABLE_NAME_RE, TABLE_PAYLOAD_TYPE, Row, Table, attestation_path, parse_pinned, series_id
 from .sign import IN_TOTO_PAYLOAD_TYPE, TEST_RESULT_PREDICATE, load_signer, public_key_of, sign_envelope, sign_statement, statement
 from .probe.vocab import LEVELS, PASS, is_failing
 
@@ -150,11 +150,16 @@ def _sha256(data: bytes) -> str:
 
 
 def publish(results: str | os.PathLike, key: str | os.PathLike, out: str | os.PathLike,
-            expires_days: float = DEFAULT_EXPIRES_DAYS) -> Table:
+            expires_days: float = DEFAULT_EXPIRES_DAYS, name: str | None = None) -> Table:
+    """Fold the records under `results` into a signed site at `out`. `name` makes the table one
+    series with every table of that name signed by this key, wherever it is published (the
+    nightly publishes from a fresh runner each night); without it the table is this folder's."""
     if not Path(results).is_dir():
         raise InputError(str(results), None, "--results", str(results), "no such directory")
     if not 0 < expires_days <= 3650:
         raise InputError("--expires-days", None, "--expires-days", expires_days, "must be in (0, 3650]")
+    if name is not None and not TABLE_NAME_RE.fullmatch(name):
+        raise InputError("--name", None, "--name", name, "expected letters, digits and . _ / - (at most 128)")
     signer = load_signer(key)  # fail on a bad key before writing anything
     pub = public_key_of(signer)
     rows = fold(iter_records(results))  # an unsafe combination id stops here, before any write
@@ -166,7 +171,8 @@ def publish(results: str | os.PathLike, key: str | os.PathLike, out: str | os.Pa
     prev, prev_bytes = _previous(out)
 
     table = build_table(rows, pub.keyid, expires_days=expires_days)
-    table.table_id = _table_id(sites)
+    table.name = name
+    table.table_id = series_id(pub.keyid, name) if name else _table_id(sites)
     attestations: dict[str, bytes] = {}
     for row in rows:
         stmt = image_statement(row)
@@ -207,7 +213,7 @@ def publish(results: str | os.PathLike, key: str | os.PathLike, out: str | os.Pa
         if out.is_dir() and not out.is_symlink():
             _adopt_legacy_dir(out, sites)
         current = os.path.realpath(out) if out.is_symlink() else None
-        if not (sites / "table-id").exists():
+        if not name and not (sites / "table-id").exists():
             write_atomic(sites / "table-id", table.table_id + "\n")
         site = sites / f"{table.serial}-{secrets.token_hex(4)}"
         for name, blob in files.items():
@@ -229,18 +235,34 @@ def add_arguments(p) -> None:
     p.add_argument("--expires-days", type=float, default=DEFAULT_EXPIRES_DAYS, metavar="N",
                    help=f"readers refuse the table N days after publishing (default: {DEFAULT_EXPIRES_DAYS}); "
                         "publish again before then")
+    p.add_argument("--name", default=None, metavar="NAME",
+                   help="the table's series: every table of this name signed by this key is one table to readers, "
+                        "wherever it is published (default: $ENVBUILD_TABLE_NAME, else the matrix's repository)")
+    p.add_argument("--matrix", default=None, help="matrix YAML whose repository names the table (default: the bundled one)")
     p.add_argument("--json", action="store_true", help="print what was published as JSON")
 
 
+def table_name(args) -> str:
+    if args.name:
+        return args.name
+    if os.environ.get("ENVBUILD_TABLE_NAME"):
+        return os.environ["ENVBUILD_TABLE_NAME"]
+    from .matrix import load_matrix
+    from .paths import default_matrix
+
+    return load_matrix(args.matrix or default_matrix()).repository
+
+
 def run(args) -> int:
-    table = publish(args.results, args.key, args.out, args.expires_days)
+    table = publish(args.results, args.key, args.out, args.expires_days, name=table_name(args))
     c = table.counts
     if getattr(args, "json", False):
         print(json.dumps({"out": str(args.out), "rows": len(table.rows), "counts": c, "keyid": table.keyid,
-                          "serial": table.serial, "expires": table.expires}, indent=2, sort_keys=True))
+                          "serial": table.serial, "expires": table.expires, "name": table.name,
+                          "table_id": table.table_id}, indent=2, sort_keys=True))
         return 0
     print(f"{len(table.rows)} combinations: {c['verified']} verified, {c['broken']} broken, "
           f"{c['untested']} untested, {c['unpinned']} unpinned")
     print(f"wrote {args.out}/compat.json (+ .dsse), compat.md, index.html, pubkey.json (keyid {table.keyid}); "
-          f"serial {table.serial}, expires {table.expires}")
+          f"table {table.name} ({table.table_id}), serial {table.serial}, expires {table.expires}")
     return 0

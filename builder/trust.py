@@ -12,7 +12,10 @@ Trust (TUF-style, see the README's "Trust" notes):
              pinned for that location in the state dir, loudly; a different key there later is
              refused. A key found next to the table is never trusted on its own after that.
   freshness  the payload carries `serial` and `expires`: an expired table, or a serial lower than
-             the highest seen for its key (state dir), is refused; --allow-rollback reads it anyway.
+             the highest seen for its table (state dir), is refused; --allow-rollback reads it anyway.
+             A named table's id is derived from its key and name (publish --name), so every night
+             of a nightly is one table whichever runner signed it: night 1 after night 2 is a
+             rollback, and a reader that pinned night 1 takes night 2.
   coverage   the payload lists the sha256 of compat.md, index.html, pubkey.json and every
              attestation; `verify` recomputes each.
   transport  remote tables over https only (plain http, and a redirect away from https, need
@@ -33,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import InfraError, InputError, TrustError, UsageError
-from .row import TABLE_PAYLOAD_TYPE, Table, parse_utc
+from .row import TABLE_PAYLOAD_TYPE, Table, parse_utc, series_id
 from .sign import PublicKey, VerifyError, load_public_key, parse_public_key, parse_public_key_bytes, verify_envelope
 from .state import Config, TrustStore, config_path, load_config
 
@@ -365,9 +368,12 @@ def load_verified(src: str | os.PathLike | None = None, pubkey=None, insecure: b
         # check can hold for it.
         raise TrustError(f"{loc.envelope}: a schema-{table.schema} table (no serial, expiry or file list): "
                          "its publisher must publish again with this envbuild; --allow-legacy reads it anyway")
+    if table.name and table.table_id != series_id(k.key.keyid, table.name):
+        raise TrustError(f"{loc.envelope}: table id {table.table_id} is not the id of the table named "
+                         f"{table.name!r} under key {k.key.keyid[:16]}… (not published by envbuild as signed?)")
     pinned = store.pinned(loc.identity) or {}
     if pinned.get("table_id") and table.table_id != pinned["table_id"] and not allow_rollback:
-        raise TrustError(f"{loc.envelope}: table {table.table_id} is not the table {pinned['table_id']} pinned "
+        raise TrustError(f"{loc.envelope}: table {_label(table)} is not the table {pinned['table_id']} pinned "
                          f"for {loc.identity} (another table signed by the same key served here?); "
                          "--allow-rollback reads it anyway")
     if fresh:
@@ -380,6 +386,10 @@ def load_verified(src: str | os.PathLike | None = None, pubkey=None, insecure: b
               "`pubkey` to trust a key you obtained separately.", file=sys.stderr)
     info.update(keyid=k.key.keyid, verified=True, key=k.how, public_key=k.key)
     return table, info
+
+
+def _label(table: Table) -> str:
+    return f"{table.name!r} ({table.table_id})" if table.name else str(table.table_id)
 
 
 def check_fresh(table: Table, keyid: str, where: str, store: TrustStore, allow_rollback: bool, quiet: bool) -> None:
@@ -398,7 +408,8 @@ def check_fresh(table: Table, keyid: str, where: str, store: TrustStore, allow_r
     last = store.last_serial(series)
     serial = table.serial or 0  # a table without a serial predates every table that has one
     if last is not None and serial < last:
-        problems.append(f"serial {serial} is older than serial {last} already seen for key {keyid[:16]}… "
+        problems.append(f"serial {serial} is older than serial {last} already seen for "
+                        + (f"table {table.name!r} of " if table.name else "") + f"key {keyid[:16]}… "
                         "(a rollback, or a stale mirror)")
     if problems and not allow_rollback:
         raise TrustError(f"{where}: " + "; ".join(problems) + "; --allow-rollback reads it anyway (forensics)")

@@ -247,7 +247,8 @@ envbuild ci probe{mx} "${{sel[@]}}" --results results --levels contract,gpu || [
                       "password": "${{ secrets.ENVBUILD_REGISTRY_PASSWORD || github.token }}"}}]
     matrix_strategy = {"fail-fast": False, "max-parallel": 20,
                        "matrix": "${{ fromJson(needs.plan.outputs.matrix) }}"}
-    site_env = {"TABLE_URL": table_url}
+    # One table name for every night and both publishes: readers count serials per key and name.
+    site_env = {"TABLE_URL": table_url, "ENVBUILD_TABLE_NAME": m.repository}
     doc = {
         "name": "envbuild nightly",
         "on": {

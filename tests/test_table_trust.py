@@ -368,3 +368,66 @@ def test_verify_names_files_the_signature_does_not_cover(site, run_cli):
     (real / "evil.html").write_text("<script>")
     p = run_cli("verify", site["out"], "--pubkey", site["pub"])
     assert p.returncode == 2 and "present but not listed" in p.stderr and "evil.html" in p.stderr
+
+
+def _serve(site_out: Path, served: Path) -> None:
+    """What a nightly's deploy does: the site's files replace what the URL serves."""
+    import shutil
+    if served.exists():
+        shutil.rmtree(served)
+    shutil.copytree(os.path.realpath(site_out), served)
+
+
+def test_a_named_table_is_one_series_across_fresh_runners_and_never_goes_back_a_night(tmp_path, monkeypatch):
+    """Issue 49: the nightly publishes from a fresh runner, so every night was a new table: a
+    reader with --pubkey who saw night 2 took night 1 again, and one who trusted on first use
+    refused night 2. With a name (the matrix's repository), the id is the key's and the name's."""
+    res = tmp_path / "results"
+    priv, pub, _ = write_keypair(tmp_path / "keys")
+    served = tmp_path / "served"
+    nights = {}
+    for night in (1, 2):
+        monkeypatch.setenv("SOURCE_DATE_EPOCH", str(1_800_000_000 + night * 86400))
+        write_all(res, [rec(A, passed("env", "contract"), img=image(A), run=night)])
+        out = tmp_path / f"runner{night}" / "table"  # a fresh machine: no earlier site, no table-id
+        nights[night] = (publish(res, priv, out, name="envbuild/verl"), out)
+    (t1, out1), (t2, out2) = nights[1], nights[2]
+    assert t1.table_id == t2.table_id and t1.name == t2.name == "envbuild/verl" and t2.serial > t1.serial
+    monkeypatch.delenv("SOURCE_DATE_EPOCH")
+    # a reader who trusted on first use takes the next night
+    _serve(out1, served)
+    assert load_verified(served)[0].serial == t1.serial
+    _serve(out2, served)
+    assert load_verified(served)[0].serial == t2.serial
+    # and nobody goes back a night: neither that reader nor one with --pubkey
+    _serve(out1, served)
+    with pytest.raises(TrustError, match="serial .* is older than serial .* table 'envbuild/verl'"):
+        load_verified(served)
+    with pytest.raises(TrustError, match="is older than serial"):
+        load_verified(out1, pubkey=pub)
+    # another name signed by the same key is another table: refused where this one is pinned
+    other = publish(res, priv, tmp_path / "runner3" / "table", name="someone/else")
+    assert other.table_id != t1.table_id
+    _serve(tmp_path / "runner3" / "table", served)
+    with pytest.raises(TrustError, match="is not the table .* pinned for"):
+        load_verified(served)
+
+
+def test_a_table_whose_id_is_not_its_names_is_refused(tmp_path):
+    """The id is derived from key and name; a signed table stating another id under the name
+    (not something envbuild publishes) is refused rather than counted in either series."""
+    from envbuild.sign import load_signer, sign_envelope
+    from envbuild.row import TABLE_PAYLOAD_TYPE
+    res = tmp_path / "results"
+    write_all(res, [rec(A, passed("env"), img=image(A), run=1)])
+    priv, pub, _ = write_keypair(tmp_path / "keys")
+    out = tmp_path / "t"
+    publish(res, priv, out, name="envbuild/verl")
+    real = Path(os.path.realpath(out))
+    doc = json.loads((real / "compat.json").read_text())
+    doc["table_id"] = "0" * 32
+    data = (json.dumps(doc, indent=1) + "\n").encode()
+    (real / "compat.json").write_bytes(data)
+    (real / "compat.json.dsse").write_text(json.dumps(sign_envelope(data, TABLE_PAYLOAD_TYPE, load_signer(priv))))
+    with pytest.raises(TrustError, match="is not the id of the table named 'envbuild/verl'"):
+        load_verified(out, pubkey=pub)
