@@ -311,6 +311,8 @@ class LazyRows(Sequence):
         return [self[i] for i in range(len(self._raw)) if pred(self.combo(i))]
 
 
+# The records a table folds, packed beside it and listed (signed) in its payload.
+RECORDS_ARCHIVE = "results.tar.gz"
 TABLE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
 
 

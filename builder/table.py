@@ -24,7 +24,8 @@ from .errors import InputError
 from .fold import fold
 from .fsutil import exclusive, write_atomic
 from .record import iter_records
-from .row import TABLE_NAME_RE, TABLE_PAYLOAD_TYPE, Row, Table, attestation_path, parse_pinned, series_id
+from .archive import files_under, pack
+from .row import RECORDS_ARCHIVE, TABLE_NAME_RE, TABLE_PAYLOAD_TYPE, Row, Table, attestation_path, parse_pinned, series_id
 from .sign import IN_TOTO_PAYLOAD_TYPE, TEST_RESULT_PREDICATE, load_signer, public_key_of, sign_envelope, sign_statement, statement
 from .probe.vocab import LEVELS, PASS, is_failing
 
@@ -32,7 +33,8 @@ DEFAULT_RESULTS = "results"
 DEFAULT_OUT = "table"
 DEFAULT_KEY = os.path.join("keys", "envbuild.key")
 DEFAULT_EXPIRES_DAYS = 30
-SITE_FILES = ("compat.json", "compat.json.dsse", "compat.md", "index.html", "pubkey.json", "attestations")
+SITE_FILES = ("compat.json", "compat.json.dsse", "compat.md", "index.html", "pubkey.json", "attestations",
+              RECORDS_ARCHIVE)
 KEEP_SITES = 2  # the current site and the one before: a reader that resolved the old one can finish
 
 
@@ -181,8 +183,14 @@ def publish(results: str | os.PathLike, key: str | os.PathLike, out: str | os.Pa
             assert env["payloadType"] == IN_TOTO_PAYLOAD_TYPE
             attestations[attestation_path(row.id)] = (json.dumps(env, indent=1) + "\n").encode()
 
+    # The records this table folds, signed with it (listed in its payload): the next night folds
+    # its results onto these after verifying this table (`envbuild ci earlier`), never onto an
+    # archive nobody signed.
+    records = pack(results, files_under(results, "records/*/*.json"))
+
     def views() -> dict[str, bytes]:  # the files the signed payload lists, for table.serial as set
-        files = {**attestations, "pubkey.json": (json.dumps(pub.to_dict(), indent=2) + "\n").encode(),
+        files = {**attestations, RECORDS_ARCHIVE: records,
+                 "pubkey.json": (json.dumps(pub.to_dict(), indent=2) + "\n").encode(),
                  "compat.md": render_markdown(table).encode(),
                  "index.html": render_html(table, pub.to_dict()).encode()}
         table.files = {name: _sha256(data) for name, data in sorted(files.items())}

@@ -12,20 +12,18 @@ import re
 
 from .attest import verify_cli
 from .errors import InputError, TrustError
-from .row import Table, attestation_path
+from .row import RECORDS_ARCHIVE, Table, attestation_path
 from .sign import VerifyError, load_public_key, verify_envelope
 from .trust import DEFAULT_TABLE, PUBKEY_NAME, Location, _json, add_trust_arguments, load_verified
 
 # ---------------------------------------------------------------- coverage
 
 
-_KNOWN_FILES = {"compat.md", "index.html", PUBKEY_NAME}
+_KNOWN_FILES = {"compat.md", "index.html", PUBKEY_NAME, RECORDS_ARCHIVE}
 
 
 def verify_files(table: Table, info: dict) -> int:
     """Every file the signed payload lists has that sha256 (compat.md, index.html, attestations…)."""
-
-
     loc: Location = info["location"]
     allowed = _KNOWN_FILES | {attestation_path(r.id) for r in table.rows}
     for name, digest in sorted(table.files.items()):

@@ -41,8 +41,14 @@ def test_publish_writes_all_views_and_verify_accepts(published, run_cli):
     assert t["schema"] == 2 and t["generated"] == time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(TODAY))
     assert t["serial"] == TODAY and t["expires"] == time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(TODAY + 30 * 86400))
     # Every other published file is listed with its sha256 inside the signed payload.
-    assert set(t["files"]) == {"compat.md", "index.html", "pubkey.json"} | {
+    assert set(t["files"]) == {"compat.md", "index.html", "pubkey.json", "results.tar.gz"} | {
         f"attestations/{p.name}" for p in (out / "attestations").iterdir()}
+    # the records it folds, packed the same way every time (an identical republish keeps its bytes)
+    import tarfile
+    with tarfile.open(out / "results.tar.gz") as tar:
+        assert sorted(tar.getnames()) == sorted(str(p.relative_to(published["res"]))
+                                                for p in (published["res"] / "records").glob("*/*.json"))
+        assert {m.mtime for m in tar.getmembers()} == {0} and all(m.isreg() for m in tar.getmembers())
     assert {r["status"] for r in t["rows"]} == {"verified", "broken"}
     for r in t["rows"]:
         assert set(r) >= {"id", "combo", "image", "levels", "best_level", "history"}
@@ -54,7 +60,7 @@ def test_publish_writes_all_views_and_verify_accepts(published, run_cli):
     assert len(list((out / "attestations").glob("*.dsse.json"))) == 2
     p = run_cli("verify", out / "compat.json", "--pubkey", published["pub"], "--attestations")
     assert p.returncode == 0, p.stderr
-    assert "OK" in p.stdout and "2 image attestations" in p.stdout and "5 listed files match" in p.stdout
+    assert "OK" in p.stdout and "2 image attestations" in p.stdout and "6 listed files match" in p.stdout
     assert load_verified(out, published["pub"])[0].to_dict() == t
     assert load_verified(out.as_uri(), published["pub"])[0].to_dict() == t
 

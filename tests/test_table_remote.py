@@ -141,7 +141,7 @@ def test_https_with_our_ca_verifies(remote, run_cli):
                 env={"SSL_CERT_FILE": remote["ca"]})
     assert p.returncode == 0 and p.stdout.strip() == image(A)["digest"], p.stderr
     p = run_cli("verify", url, "--pubkey", remote["pub"], "--ca", remote["ca"])
-    assert p.returncode == 0 and "4 listed files match" in p.stdout, p.stderr
+    assert p.returncode == 0 and "5 listed files match" in p.stdout, p.stderr
 
 
 def test_plain_http_is_refused_unless_insecure(remote, run_cli):
