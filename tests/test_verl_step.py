@@ -151,3 +151,19 @@ def test_the_steps_ray_is_ended_and_no_other(tmp_path):
         for p in (mine, other):
             p.kill()
             p.wait()
+
+
+def test_the_step_model_renders_chatml_that_verls_agent_loop_accepts(tmp_path):
+    """verl 0.9's single-turn agent loop looks up <|im_end|> in the tokenizer; without it every
+    prompt failed on the H200 and verl stopped with "no materializable trajectories"."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("pyarrow")
+    from transformers import AutoTokenizer
+
+    paths = verl_step.write_inputs(str(tmp_path))
+    tok = AutoTokenizer.from_pretrained(paths["model"])
+    ids = {t: tok.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|pad|>")}
+    assert len(set(ids.values())) == 4 and None not in ids.values() and tok.unk_token_id not in ids.values()
+    text = tok.apply_chat_template([{"role": "user", "content": "alpha beta"}], tokenize=False, add_generation_prompt=True)
+    assert text == "<|im_start|>user\nalpha beta<|im_end|>\n<|im_start|>assistant\n"
+    assert ids["<|im_end|>"] in tok(text)["input_ids"]  # one token, not its characters

@@ -7,6 +7,8 @@ import json
 import os
 
 EOS, PAD = "<|endoftext|>", "<|pad|>"
+# ChatML's markers, as Qwen's tokenizers define them: verl 0.9's agent loop requires <|im_end|>.
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau "
          "upsilon phi chi psi omega one two three four five six seven eight nine ten the a of to and in is "
          "for on with as by at from that this it be are was were policy reward rollout gradient token model").split()
@@ -30,7 +32,7 @@ def build_tokenizer(vocab_size: int = 320):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS, PAD], show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS, PAD, IM_START, IM_END], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(_corpus(), trainer=trainer)
     return tok

@@ -28,8 +28,10 @@ _STEP_LINE = re.compile(r"(?:^|\s)step:(\d+) - (.*)$")
 # What the check's detail shows of verl's metrics, in this order (all of them go into metrics).
 SHOWN = ("response_length/mean", "critic/score/mean", "critic/advantages/mean", "actor/pg_loss", "actor/kl_loss",
          "actor/entropy", "actor/grad_norm", "timing_s/gen", "timing_s/update_actor", "timing_s/step")
-CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                 "{% if add_generation_prompt %}assistant: {% endif %}")
+# ChatML, as Qwen's models (verl's examples) render chats: verl 0.9's single-turn agent loop
+# looks up <|im_end|> in the tokenizer and fails every prompt without it.
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 # (first verl release, overrides from it on, why, keys of earlier rules it replaces).
 STEP_RULES: tuple[tuple[str, tuple[str, ...], str, tuple[str, ...]], ...] = (
