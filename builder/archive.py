@@ -60,7 +60,8 @@ def unpack(data: bytes, dest: str | os.PathLike, where: str,
         raise InputError(where, None, "members", len(members), f"more than {MAX_MEMBERS} members")
     take, total = [], 0
     for m in members:
-        if m.isdir() and _safe_parts(m.name, where, allow_dot=True):
+        if m.isdir():
+            _safe_parts(m.name, where, allow_dot=True)  # a folder is made by the files in it
             continue
         if not m.isreg():
             raise InputError(where, None, "member", m.name, "is not a regular file (a link, device or "

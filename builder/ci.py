@@ -18,6 +18,8 @@ ACTIONS: dict[str, tuple[str, str]] = {
     "matrix": ("envbuild.ci_matrix", "print the plan as {\"include\": [...]} for strategy.matrix"),
     "probe": ("envbuild.ci_probe", "probe the recorded images of the selected combinations here, one record "
                                    "per image (the GPU runners' step)"),
+    "earlier": ("envbuild.ci_earlier", "take the last published night's records (and earlier tables) as far as "
+                                       "its signed table vouches for them: the nightly folds tonight onto these"),
     "notify": ("envbuild.notify", "open, update and close one GitHub issue per broken combination (tonight's "
                                   "table against the last published one); exit 1 on a regression"),
     "torch-index": ("envbuild.ci_index", "print the PyTorch index URL of an accelerator variant (the build's "

@@ -56,17 +56,26 @@ def _setup_steps(install: str) -> list[dict]:
     ]
 
 
-# The published site is the verdict history: tonight's results fold onto the records it carries
-# (results.tar.gz), the last signed table it serves is what tonight is compared with (verified
-# first), and history/ keeps earlier signed tables (DSSE envelopes; the payload is compat.json).
+# The published site is the verdict history: tonight's results fold onto the records of the last
+# signed table (its results.tar.gz, listed in its signed payload: `envbuild ci earlier` verifies
+# the table with the CI key first and takes only plain record files), and history/ keeps earlier
+# signed tables (DSSE envelopes that verify with that key; the payload is compat.json).
 FETCH_RESULTS = """set -euo pipefail
-mkdir -p results
-if curl -fsSL --retry 3 -o "$RUNNER_TEMP/results.tar.gz" "${TABLE_URL%/}/results.tar.gz"; then
-  tar -xzf "$RUNNER_TEMP/results.tar.gz" -C results
-  echo "Earlier results: $(find results -name '*.json' | wc -l) records from ${TABLE_URL}" >> "$GITHUB_STEP_SUMMARY"
-else
-  echo "No earlier results at ${TABLE_URL} (first run): the table holds tonight's results only." >> "$GITHUB_STEP_SUMMARY"
+umask 077
+key="$RUNNER_TEMP/envbuild.key"
+trap 'rm -f "$key"' EXIT
+printf '%s\\n' "$ENVBUILD_SIGNING_KEY" > "$key"
+trust=(--key "$key")
+if [ -n "${ENVBUILD_PUBKEY:-}" ]; then
+  printf '%s\\n' "$ENVBUILD_PUBKEY" > "$RUNNER_TEMP/trusted-pubkey.json"
+  trust=(--pubkey "$RUNNER_TEMP/trusted-pubkey.json")
 fi
+mkdir -p results "$RUNNER_TEMP/earlier"
+for f in compat.json.dsse results.tar.gz history.tar.gz; do
+  curl -fsSL --retry 3 -o "$RUNNER_TEMP/earlier/$f" "${TABLE_URL%/}/$f" || rm -f "$RUNNER_TEMP/earlier/$f"
+done
+envbuild ci earlier --table "$RUNNER_TEMP/earlier" --out results --history "$RUNNER_TEMP/history" "${trust[@]}" \\
+  >> "$GITHUB_STEP_SUMMARY"
 """
 REGISTRY_HOST = """set -euo pipefail
 echo "host=${ENVBUILD_REPOSITORY%%/*}" >> "$GITHUB_OUTPUT"
@@ -124,11 +133,10 @@ exit "$rc"
 SITE = """set -euo pipefail
 rm -rf site
 mkdir site
-cp -RL table/. site/  # publish's --out is a link to the current set of files
+cp -RL table/. site/  # publish's --out is a link to the current set of files (results.tar.gz among them)
 mkdir -p site/history
-if curl -fsSL --retry 3 -o "$RUNNER_TEMP/history.tar.gz" "${TABLE_URL%/}/history.tar.gz"; then
-  tar -xzf "$RUNNER_TEMP/history.tar.gz" -C site/history
-fi
+# The earlier tables that verified with the CI key (envbuild ci earlier), plain files only.
+find "$RUNNER_TEMP/history" -maxdepth 1 -type f -name '*.compat.json.dsse' -exec cp {} site/history/ \\; 2>/dev/null || true
 if [ "$FOUND" = "true" ]; then
   stamp="$(python -c 'import json,re,sys; print(re.sub(r"[^0-9TZ]", "", json.load(open(sys.argv[1]))["generated"]))' last/compat.json)"
   cp last/compat.json.dsse "site/history/${stamp}.compat.json.dsse"
@@ -138,7 +146,6 @@ find site/history -maxdepth 1 -name '*.compat.json.dsse' -printf '%f\\n' | sort 
   | while read -r old; do rm -f "site/history/$old"; done
 python -c 'import json,os,sys; d=sys.argv[1]; json.dump(sorted((f for f in os.listdir(d) if f.endswith(".compat.json.dsse")), reverse=True), open(os.path.join(d, "index.json"), "w"), indent=1)' site/history
 tar -czf site/history.tar.gz -C site/history .
-tar -czf site/results.tar.gz -C results .
 echo "Site: $(find site -type f | wc -l) files, $(find site/history -name '*.dsse' | wc -l) earlier table(s) in history/" >> "$GITHUB_STEP_SUMMARY"
 """
 NOTIFY = """set -euo pipefail
@@ -339,7 +346,9 @@ envbuild ci probe{mx} "${{sel[@]}}" --results results --levels contract,gpu || [
                 "env": {**site_env, **repo_env},
                 "steps": _setup_steps(install) + [
                     *login,
-                    {"id": "earlier", "name": "Earlier results (from the published site)", "run": FETCH_RESULTS},
+                    {"id": "earlier", "name": "Earlier results (from the last signed table)", "run": FETCH_RESULTS,
+                     "env": {"ENVBUILD_SIGNING_KEY": "${{ secrets.ENVBUILD_SIGNING_KEY }}",
+                             "ENVBUILD_PUBKEY": "${{ vars.ENVBUILD_PUBKEY }}"}},
                     {"name": "Tonight's results", "uses": ACTIONS["download"],
                      "with": {"pattern": "results-*", "path": "results", "merge-multiple": True}},
                     {"name": "Tonight's results, apart", "uses": ACTIONS["download"],

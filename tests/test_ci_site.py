@@ -82,7 +82,9 @@ def night(work: Path, pages: Pages, key_pem: str, records, epoch: int, keep: int
                            capture_output=True, text=True, timeout=300)
         return p
 
-    p = run("earlier")
+    p = run("earlier", ENVBUILD_SIGNING_KEY=key_pem, ENVBUILD_PUBKEY="")
+    if expect_fail == "earlier":
+        return p, work
     assert p.returncode == 0, p.stderr
     write_all(work / "results", records)  # "Tonight's results" (download-artifact, merge-multiple)
     p = run("sign", ENVBUILD_SIGNING_KEY=key_pem)
@@ -164,8 +166,9 @@ def test_three_nights_of_publishing(tmp_path, run_cli):
         (forged / "compat.json.dsse").write_text(json.dumps(env))
         (forged / "compat.json").write_bytes(forged_bytes)
         pages.serve(forged)
-        p, w4 = night(tmp_path / "n4", pages, key_pem, [], epoch=NIGHTS[3], expect_fail="diff")
-        assert p.returncode == 2 and "tampered" in p.stderr and not (w4 / "site").exists()
+        p, w4 = night(tmp_path / "n4", pages, key_pem, [], epoch=NIGHTS[3], expect_fail="earlier")
+        assert p.returncode == 2 and "signature" in p.stderr and not (w4 / "site").exists(), p.stderr
+        assert not list((w4 / "results").rglob("*.json"))  # nothing of the forged site was taken
     finally:
         pages.srv.shutdown()
         pages.srv.server_close()
