@@ -33,8 +33,6 @@ import hashlib
 import json
 import os
 import re
-import subprocess
-import sys
 import textwrap
 import threading
 import tomllib
@@ -49,15 +47,17 @@ from packaging.version import Version
 
 from .errors import EnvbuildError, InfraError
 from .fsutil import write_atomic, write_json_atomic
-from .scratch import scratch_dir
 from .backtrack import STALE_YEARS, admitted_floor, stale_pins
 from .lockfile import dependents_of, layer_text, parse_lock, text_of
 from .outcome import LOCK_OK, LOCK_VERDICTS
-from .index import Metadata, TorchSource, check_reachable, default_index_url, redact, torch_source, uv_exe
+from .index import Metadata, TorchSource, check_reachable, redact, torch_source
+from .uvcompile import (FILTERED_RE, PINNED_BY_RE, YANKED_RE, compile_requirements, name_re, unreachable_hint,
+                        uv_version)
 from .matrix import Matrix
 from .values import Combo
 
 from .paths import cache_dir
+from .scratch import scratch_dir
 from .probe.vocab import DEFAULT_PLATFORM, ENGINE, VERL_RUNTIME_EXTRAS, dist_of, platform_machine
 
 LAYERS = ("torch", "engine", "verl")
@@ -66,26 +66,6 @@ BUILD_BACKENDS = ("setuptools", "wheel", "hatchling", "flit-core", "poetry-core"
                   "packaging", "cython", "ninja", "cmake", "scikit-build-core", "pybind11")
 MAX_RELAX = 12  # lifts of the cutoff for one combination; each is one more resolution
 MAX_FLOOR_ROUNDS = 3  # resolutions spent on floors for stale backtracks (backtrack.py)
-
-# uv's messages -> our classes. An unreachable index is infrastructure, never a verdict.
-_NET_RE = re.compile(r"(error sending request|Could not connect|connection (refused|reset)|dns error|"
-                     r"timed out|Failed to fetch|failed to lookup address|tls|certificate|"
-                     r"Network unreachable|HTTP status server error|status code 5\d\d)", re.I)
-# uv answering from its cache alone ("the network was disabled", UV_OFFLINE=1, --offline): a "no
-# solution" then says what the cache lacks, not what the index holds. Infrastructure, never cached.
-_OFFLINE_RE = re.compile(r"network (?:was|is) disabled|offline mode|--offline", re.I)
-# uv refusing a release that a dependency pins exactly but that was yanked afterwards ("Because
-# futures==3.1.1 was yanked (reason: ...) and pkg==5.0.1 depends on futures==3.1.1"). pip
-# installs such a pin with a warning; uv only when it is asked for directly.
-_YANKED_RE = re.compile(r"([A-Za-z0-9_.\-]+)==([A-Za-z0-9_.+!\-]+?),? (?:was yanked|is unusable because it was yanked)"
-                        r"(?: \(reason: ([^)]*)\))?")
-_PINNED_BY_RE = (r"(?:([A-Za-z0-9_.\-]+)==([A-Za-z0-9_.+!\-]+)|all versions of ([A-Za-z0-9_.\-]+)) depends? on "
-                 r"{name}==\s*{version}\b")
-# uv's hint when the era cutoff hid what a requirement needs.
-_FILTERED_RE = re.compile(r"`([A-Za-z0-9_.\-]+)` was filtered by `exclude-newer(?:-package)?` to only include packages uploaded "
-                          r"before [^.]*\.(?: The latest version satisfying the requirement is v?(\S+), published "
-                          r"at (\d{4}-\d\d-\d\d))?")
-
 
 @dataclass
 class LayerLock:
@@ -129,11 +109,6 @@ class LockResult:
 
 def _sha(data: str | bytes) -> str:
     return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
-
-
-def _uv_version() -> str:
-    out = subprocess.run([uv_exe(), "--version"], capture_output=True, text=True)
-    return out.stdout.strip()
 
 
 def era(dates: list[str], grace_days: int) -> str:
@@ -243,7 +218,7 @@ class Locker:
     def uv_version(self) -> str:
         with self._lk:
             if self._uv_version is None:
-                self._uv_version = _uv_version()
+                self._uv_version = uv_version()
             return self._uv_version
 
     def requirements(self, c: Combo, src: TorchSource) -> tuple[list[str], list[tuple[str, str]]]:
@@ -285,7 +260,7 @@ class Locker:
                                "no_build": self.no_build, "allow_build": self.allow_build}))
         d, cached = self._cached(key, lambda: self._gate(src) or self._resolve(reqs, when, c, src))
         if d["status"] == "index-unreachable" and not d["text"].startswith(("the PyTorch index", "the package index")):
-            d = {**d, "text": _unreachable_hint(d["text"], src)}
+            d = {**d, "text": unreachable_hint(d["text"], src)}
         res.cached = cached
         res.relaxed = d.get("relaxed", [])
         if d["status"] != "ok":
@@ -387,7 +362,7 @@ class Locker:
             try:
                 check_reachable(src.url)
             except InfraError as e:
-                self.unreachable[src.url] = _unreachable_hint(e.message, src)
+                self.unreachable[src.url] = unreachable_hint(e.message, src)
             finally:
                 ev.set()
         else:
@@ -425,7 +400,7 @@ class Locker:
                     yanked.append(note)
                 continue
             new = {}
-            for m in _FILTERED_RE.finditer(d["text"]):
+            for m in FILTERED_RE.finditer(d["text"]):
                 name = canonicalize_name(m.group(1))
                 date = m.group(3) or (None if name in lifts else self._first_upload_after(name, when))
                 if date and date > taken.get(name, when) and date > new.get(name, ""):
@@ -475,7 +450,7 @@ class Locker:
                 return d2, pl2
             why = (f"with it uv backtracks {', '.join(worse)} that far instead" if worse else
                    "no release of it from those years fits this stack")
-            named = set(floors) if worse else ({n for n in floors if _name_re(n).search(d2["text"])} or set(floors))
+            named = set(floors) if worse else ({n for n in floors if name_re(n).search(d2["text"])} or set(floors))
             for n in sorted(named):
                 v, date, f = floors.pop(n)
                 kept_old.append(f"{n} {v} of {date} kept, over {STALE_YEARS} years older than the era {when}: "
@@ -489,9 +464,9 @@ class Locker:
         `pip install` of the stack gets, with a warning), not yet stated directly."""
         out = []
         have = {canonicalize_name(r.split("==")[0]) for r in reqs if "==" in r}
-        for m in _YANKED_RE.finditer(text):
+        for m in YANKED_RE.finditer(text):
             name, version, reason = canonicalize_name(m.group(1)), m.group(2), m.group(3)
-            by = re.search(_PINNED_BY_RE.format(name=re.escape(m.group(1)), version=re.escape(version)), text)
+            by = re.search(PINNED_BY_RE.format(name=re.escape(m.group(1)), version=re.escape(version)), text)
             if name in have or not by:
                 continue  # asked for directly already, or not an exact pin of a dependency
             have.add(name)
@@ -547,77 +522,14 @@ class Locker:
 
     def _compile(self, reqs: list[str], when: str, c: Combo, src: TorchSource | None, lifts: dict[str, str],
                  hashes: bool = True, fmt: str = "requirements") -> dict:
-        """One `uv pip compile` -> {"status", "text"}. Index URLs go through uv's environment."""
+        """One `uv pip compile` (uvcompile.compile_requirements), counted and its argv kept."""
         with self._lk:
             self.uv_runs += 1
-        env = {k: v for k, v in os.environ.items() if k not in ("UV_INDEX_URL", "UV_EXTRA_INDEX_URL")}
-        env["UV_NO_PROGRESS"] = "1"
-        try:
-            env["UV_DEFAULT_INDEX"] = default_index_url()
-        except InfraError as e:
-            return {"status": e.cause, "text": e.message}
-        with scratch_dir("envbuild-lock-") as tmp:  # swept after a kill -9 (scratch.py)
-            inp = Path(tmp) / "requirements.in"
-            outp = Path(tmp) / ("pylock.toml" if fmt == "pylock" else "requirements.txt")
-            inp.write_text("\n".join(reqs) + "\n")
-            # Relative names, run in the folder: uv's `# via -r requirements.in` is then the
-            # same bytes in every run (the full lock's hash must not depend on a temp path).
-            cmd = [uv_exe(), "pip", "compile", inp.name, "-o", outp.name, "--no-header",
-                   "--python-version", c.python, "--python-platform", platform_tag(c.glibc, c.platform), "--quiet"]
-            cmd += ["--generate-hashes"] if hashes else []
-            cmd += ["--format", "pylock.toml"] if fmt == "pylock" else []
-            cmd += ["--exclude-newer", when] if when else []
-            for name, date in sorted(lifts.items()):
-                cmd += ["--exclude-newer-package", f"{name}={date}"]
-            if src is not None and src.url:
-                # Searched before the default index. Its pages carry no upload times, which the
-                # cutoff would take for "too new": torch (pinned by version and variant) is exempt,
-                # and every other package is taken from whichever index has the best match.
-                env["UV_INDEX"] = " ".join(x for x in (src.url, os.environ.get("UV_INDEX", "")) if x)
-                env["UV_INDEX_STRATEGY"] = "unsafe-best-match"
-                cmd += ["--exclude-newer-package", "torch=false"] if when else []
+
+        def seen(cmd):
             with self._lk:
                 self.argv.append(list(cmd))
-            try:
-                p = subprocess.run([*_DIE_WITH_PARENT, *cmd], capture_output=True, text=True, timeout=900,
-                                   env=env, cwd=tmp)
-            except subprocess.TimeoutExpired:
-                return {"status": "index-unreachable", "text": "uv pip compile timed out after 900 s"}
-            if p.returncode == 0:
-                return {"status": "ok", "text": outp.read_text()}
-        err = p.stderr.strip()
-        if _OFFLINE_RE.search(err) or env.get("UV_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
-            status = "index-unreachable"
-            err = "the resolver is offline (UV_OFFLINE or a cache-only answer): not a verdict\n" + err
-        elif "No solution found" in err:
-            status = "unsatisfiable"
-        elif _NET_RE.search(err):
-            status = "index-unreachable"
-        else:
-            status = "lock-error"
-        return {"status": status, "text": err[-20000:]}
-
-
-def _name_re(name: str) -> re.Pattern:
-    """A distribution name as uv may spell it (any of - _ . between its words, any case)."""
-    return re.compile(r"(?<![A-Za-z0-9_.\-])" + r"[-_.]+".join(map(re.escape, re.split(r"[-_.]+", name)))
-                      + r"(?![A-Za-z0-9_\-])", re.I)
-
-
-def _unreachable_hint(text: str, src) -> str:
-    """One first line that names the index that did not answer and the fix, above uv's words."""
-    if src is not None and src.url and redact(src.url) in redact(text):
-        head = (f"the PyTorch index {redact(src.url)} did not answer: set ENVBUILD_PYTORCH_INDEX (or "
-                "`pytorch_index:` in the matrix) to a mirror that serves it")
-    elif "timed out" in text and "uv pip compile" in text:
-        head = "the resolver timed out against the package index"
-    else:
-        head = "the package index did not answer: check the index pip/uv use (UV_DEFAULT_INDEX, PIP_INDEX_URL) and the proxy"
-    return head + "\n" + text
-
-
-# uv runs behind a one-line launcher that asks the kernel to SIGKILL it when envbuild dies (a kill
-# -9 of `envbuild lock` left uv running, the credentialed index URLs in its environment); a
-# launcher, not preexec_fn, because locks resolve in threads.
-_DIE_WITH_PARENT = [sys.executable, "-c", "import ctypes,os,sys\ntry:\n ctypes.CDLL(None).prctl(1, 9)\n"
-                    "except (OSError, AttributeError):\n pass\nos.execvp(sys.argv[1], sys.argv[1:])"]
+        with scratch_dir("envbuild-lock-") as tmp:  # swept after a kill -9 (scratch.py)
+            return compile_requirements(reqs, when, c.python, platform_tag(c.glibc, c.platform),
+                                        src.url if src is not None else None, lifts, tmp, hashes=hashes,
+                                        fmt=fmt, on_argv=seen)

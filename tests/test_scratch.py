@@ -35,7 +35,7 @@ def test_a_folder_of_a_killed_run_is_swept_from_another_tmpdir(tmp_path, monkeyp
 
 def test_uv_dies_with_a_killed_lock(tmp_path):
     """The launcher the resolver runs behind: its child gets SIGKILL when its parent dies."""
-    from envbuild.lock import _DIE_WITH_PARENT
+    from envbuild.uvcompile import _DIE_WITH_PARENT
     code = ("import subprocess, sys, time\n"
             f"p = subprocess.Popen({_DIE_WITH_PARENT!r} + ['sleep', '60'])\n"
             "print(p.pid, flush=True)\ntime.sleep(60)\n")
