@@ -17,11 +17,15 @@ errored leaves the earlier, probed image in place, and a rebuild that failed rep
 
 from __future__ import annotations
 
+import calendar
+import time
+
 from . import drivers
 from .fsutil import safe_name
 from .outcome import Check, Verdict
 from .record import is_census, is_in_place, is_placed
-from .row import Combo, Entry, Failure, HistoryEntry, Image, Row, parse_pinned
+from .values import combo_id, combo_tag
+from .row import Combo, Entry, Failure, HistoryEntry, Image, Row, parse_pinned, parse_utc
 from .probe.vocab import (
     ERROR, FAIL, LEVELS, NEEDS_GPU, PASS, TIMEOUT, is_decisive, is_failing, levels_upto, scope_label,
     worst_status,
@@ -158,8 +162,11 @@ def fold_combo(records: list) -> Row:
     id_to_digest = {r.image["id"]: _image_key(r.image) for r in recs
                     if r.image and r.image.get("id") and parse_pinned(r.image.get("digest"))}
     # The row's lock on a node, no image: folded apart; only runs of the row's current lock count
-    # (an older lock's in-place verdicts stay in the history).
-    places = [r for r in recs if is_in_place(r) and r.lock_hash == recs[-1].lock_hash]
+    # (an older lock's in-place verdicts stay in the history). The current lock is the one the
+    # row's own lock, build or census records name where it has any: an in-place record cannot
+    # move the row to another lock hash and so hide an in-place failure of the real one.
+    lock_hash = next((r.lock_hash for r in reversed(recs) if r.lock_hash and not is_in_place(r)), recs[-1].lock_hash)
+    places = [r for r in recs if is_in_place(r) and r.lock_hash == lock_hash]
     for r in recs:
         if is_placed(r):
             history.append(HistoryEntry(r.run_id, r.created, r.stage, r.status, r.cause,
@@ -234,7 +241,7 @@ def fold_combo(records: list) -> Row:
         [r for r in recs if not is_placed(r) and _image_key(r.image, id_to_digest) == row_key and r.probe][-1:] + places[-1:]
     return Row(id=cid, combo=Combo.from_dict(combo), image=image, build=build, levels=levels,
                best_level=best, status=status, failure=failure,
-               lock_hash=recs[-1].lock_hash, base=recs[-1].base, history=list(reversed(history)),
+               lock_hash=lock_hash, base=recs[-1].base, history=list(reversed(history)),
                versions=versions, hardware=hardware, notes=_notes(combo, recs[-1]), in_place=in_place, census=census,
                scopes=_scopes(scoped_from))
 
@@ -354,11 +361,54 @@ def _read_from_image(recs, row_key, id_to_digest) -> tuple[dict, dict]:
     return versions, hardware
 
 
-def fold(records) -> list[Row]:
+def refusal(r, now: float | None = None) -> str | None:
+    """Why a record may not count for the row its `combo.id` names (None: it may). Its fields must
+    make that id (a record cannot give a row another platform or verl version), and its run id is
+    its own time, not a later one (a record from 2099 would outrank every later verdict)."""
+    cid = r.combo.get("id")
+    fields = [r.combo.get(k) for k in ("verl", "engine", "engine_version", "torch", "cuda", "python")]
+    if not all(isinstance(f, str) for f in fields):
+        return f"record {r.run_id} of {cid}: its combination lacks verl, engine, engine_version, torch, cuda or python"
+    made = combo_id(combo_tag(*fields), r.combo.get("platform") if isinstance(r.combo.get("platform"), str) else None)
+    if made != cid:
+        return f"record {r.run_id} of {cid}: its combination's fields make {made}, not {cid}"
+    when = _run_time(r.run_id)
+    if when is not None:
+        now = time.time() if now is None else now
+        if when > now + _RUN_ID_SKEW_S:
+            return f"record {r.run_id} of {cid}: its run id is later than now"
+        try:
+            made_at = parse_utc(r.created)
+        except (TypeError, ValueError):
+            made_at = None
+        if made_at is not None and abs(made_at - when) > _RUN_ID_SKEW_S:
+            return f"record {r.run_id} of {cid}: its run id is not its time ({r.created})"
+    return None
+
+
+_RUN_ID_SKEW_S = 86400  # clocks of runners and a slow job: a day either way
+
+
+def _run_time(run_id: str) -> float | None:
+    try:
+        return calendar.timegm(time.strptime(str(run_id)[:15], "%Y%m%dT%H%M%S"))
+    except ValueError:
+        return None  # a run id of another shape (hand-made): nothing to compare
+
+
+def fold(records, refused: list[str] | None = None) -> list[Row]:
+    """The rows of the table; records `refusal` turns away are left out, their reasons appended
+    to `refused` (publish says them)."""
     by_combo: dict[str, list] = {}
     for r in records:
         cid = r.combo.get("id") if isinstance(r.combo, dict) else None
         if isinstance(cid, str) and cid:  # a record without a combination id is not a row
+            safe_name(cid, "combo.id", f"record {r.run_id}")
+            why = refusal(r)
+            if why:
+                if refused is not None:
+                    refused.append(why)
+                continue
             by_combo.setdefault(cid, []).append(r)
     # A combination whose every record is an infrastructure error (an index that did not answer,
     # a daemon that was down) says nothing about the stack: it is not a row of the table.

@@ -16,6 +16,7 @@ import json
 import os
 import secrets
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -152,10 +153,12 @@ def _sha256(data: bytes) -> str:
 
 
 def publish(results: str | os.PathLike, key: str | os.PathLike, out: str | os.PathLike,
-            expires_days: float = DEFAULT_EXPIRES_DAYS, name: str | None = None) -> Table:
+            expires_days: float = DEFAULT_EXPIRES_DAYS, name: str | None = None,
+            refused: list[str] | None = None) -> Table:
     """Fold the records under `results` into a signed site at `out`. `name` makes the table one
     series with every table of that name signed by this key, wherever it is published (the
-    nightly publishes from a fresh runner each night); without it the table is this folder's."""
+    nightly publishes from a fresh runner each night); without it the table is this folder's.
+    Records fold.refusal turns away are not folded; their reasons go to `refused`."""
     if not Path(results).is_dir():
         raise InputError(str(results), None, "--results", str(results), "no such directory")
     if not 0 < expires_days <= 3650:
@@ -164,7 +167,7 @@ def publish(results: str | os.PathLike, key: str | os.PathLike, out: str | os.Pa
         raise InputError("--name", None, "--name", name, "expected letters, digits and . _ / - (at most 128)")
     signer = load_signer(key)  # fail on a bad key before writing anything
     pub = public_key_of(signer)
-    rows = fold(iter_records(results))  # an unsafe combination id stops here, before any write
+    rows = fold(iter_records(results), refused)  # an unsafe combination id stops here, before any write
 
     out = Path(os.path.abspath(out))
     if out.is_symlink() and Path(os.path.realpath(out)).parent != Path(os.path.realpath(_sites_dir(out))):
@@ -262,7 +265,10 @@ def table_name(args) -> str:
 
 
 def run(args) -> int:
-    table = publish(args.results, args.key, args.out, args.expires_days, name=table_name(args))
+    refused: list[str] = []
+    table = publish(args.results, args.key, args.out, args.expires_days, name=table_name(args), refused=refused)
+    for why in refused:
+        print(f"envbuild publish: not folded: {why}", file=sys.stderr)
     c = table.counts
     if getattr(args, "json", False):
         print(json.dumps({"out": str(args.out), "rows": len(table.rows), "counts": c, "keyid": table.keyid,

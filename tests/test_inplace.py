@@ -12,7 +12,7 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-from table_fixtures import combo, image, passed, rec
+from table_fixtures import combo, image, passed, rec, verdict, write_all
 
 from envbuild.fold import fold, fold_combo
 from envbuild.index import Metadata
@@ -159,3 +159,43 @@ def test_wheelhouse_venv_and_an_in_place_record(tmp_path, run_cli):
     row = fold([r])[0]
     assert row.in_place["status"] == "broken" and row.in_place["failure"]["level"] == "env"
     assert Path(r.place["python"]).name == "python"
+
+
+def test_a_record_cannot_move_the_row_to_another_lock_and_hide_an_in_place_failure():
+    """Issue 49: an in-place record stating another lock hash, newer than the real failure, made
+    the row's lock its own; the failure of the lock the row was built from went to history."""
+    bad = _in_place(C, {"gpu": {"status": "fail", "cause": "logprob-mismatch", "checks": [
+        {"name": "gpu:logprobs", "status": "fail", "cause": "logprob-mismatch", "level": "gpu"}]}}, run=2)
+    cover = _in_place(C, passed("env", "contract", "gpu"), run=3)
+    cover.lock_hash = "ff" * 32
+    row = fold_combo([rec(C, passed("env", "contract"), img=image(C), run=1), bad, cover])
+    assert row.lock_hash == "ab" * 32 and row.status == "broken" and row.in_place["status"] == "broken"
+
+
+def test_publish_does_not_fold_a_record_whose_fields_are_not_its_row_or_whose_run_id_is_not_its_time(tmp_path):
+    """Issue 49: publish grouped records by the combo.id they state and took the row's fields from
+    the newest, so a record could rewrite a row's platform or verl version; and a run id from 2099
+    outranked every later verdict (an honest gpu failure among them)."""
+    from envbuild.record import Record, write_record
+    from envbuild.sign import write_keypair
+    from envbuild.table import publish
+
+    res = tmp_path / "results"
+    honest = rec(C, {"env": verdict("pass"), "contract": verdict("pass"), "gpu": verdict("fail", "logprob-mismatch")},
+                 img=image(C), status="fail", run=5)
+    other = combo(verl="0.9.0", engine="hf", ev="", torch="2.11.0", cuda="cu130", python="3.12", platform="linux/arm64")
+    lying = rec({**other, "id": C["id"]}, passed("env", "contract", "gpu"), img=image(C, build=7), run=6)
+    future = Record(combo=C, stage="probe", status="ok", image=image(C, build=8), probe=passed("env", "contract", "gpu"),
+                    run_id="20991231T235959-ffffff", created="2099-12-31T23:59:59Z", lock_hash="ab" * 32)
+    backdated = rec(C, passed("env", "contract", "gpu"), img=image(C, build=9), run=7)
+    backdated.created = "2026-11-01T00:00:00Z"
+    write_all(res, [honest, lying, future, backdated])
+    priv, _, _ = write_keypair(tmp_path / "keys")
+    refused: list[str] = []
+    t = publish(res, priv, tmp_path / "table", refused=refused)
+    (row,) = t.rows
+    assert row.status == "broken" and row.failure.cause == "logprob-mismatch"
+    assert row.combo.verl == "0.9.1" and row.combo.platform == "linux/amd64"
+    assert len(refused) == 3, refused
+    assert any(f"fields make {other['id']}" in r for r in refused)
+    assert any("later than now" in r for r in refused) and any("not its time" in r for r in refused)
