@@ -15,6 +15,7 @@ at that version stops it: that row cannot be judged on this node (said in a reco
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from .errors import EnvbuildError, InfraError, InputError
+from .errors import EnvbuildError, InfraError, InputError, TrustError
 from .progress import Heartbeat
 from .fsutil import write_json_atomic
 from .lockfile import parse_lock, pins_of
@@ -108,6 +109,37 @@ def check_paths(wheelhouse: Path, row: dict) -> None:
         _inside(wheelhouse, rel, f"locks[{i}]")
     for i, f in enumerate(row.get("files") or []):
         _inside(wheelhouse, f.get("file") if isinstance(f, dict) else f, f"files[{i}].file")
+
+
+def check_lock(wheelhouse: Path, row: dict, signed_hash: str | None = None) -> str:
+    """The row's layer files are the lock its `lock_hash` names: the wheelhouse's copy of the full
+    lock has that sha256, and every pin of every layer is that lock's, byte for byte (hashes
+    included: pip then installs only those files). With `signed_hash` (the row's lock hash in a
+    verified table), the lock is that one too: a wheel tampered together with the wheelhouse's
+    lock copy and manifest is refused instead of being recorded under the row's real lock hash.
+    -> what was checked, in words."""
+    where = str(wheelhouse / MANIFEST)
+    rel = row.get("full_lock")
+    if rel is None:
+        if signed_hash is not None:
+            raise InputError(where, None, "full_lock", None, "this wheelhouse keeps no copy of the row's full lock to "
+                             "check against the signed table: make it again with this envbuild")
+        return "lock not checked (the wheelhouse keeps no full lock: an older envbuild made it)"
+    _inside(wheelhouse, rel, "full_lock")
+    text = (wheelhouse / rel).read_text()
+    got = hashlib.sha256(text.encode()).hexdigest()
+    if got != row.get("lock_hash"):
+        raise TrustError(f"{wheelhouse / rel}: sha256 {got[:16]}… is not the row's lock_hash "
+                         f"{str(row.get('lock_hash'))[:16]}… (the wheelhouse was changed?)")
+    if signed_hash is not None and signed_hash != got:
+        raise TrustError(f"{where}: {row['combo'].get('id')}'s lock here is {got[:16]}…, the signed table's is "
+                         f"{str(signed_hash)[:16]}…: not the row's lock")
+    full = parse_lock(text)
+    for lr in row.get("locks") or []:
+        for name, (version, block) in parse_lock((wheelhouse / lr).read_text()).items():
+            if full.get(name, (None, None))[1] != block:
+                raise TrustError(f"{wheelhouse / lr}: {name}=={version} is not pinned as the row's full lock pins it")
+    return "lock checked against the signed table" if signed_hash else "lock checked against its lock_hash"
 
 
 def select_row(manifest: dict, sel) -> tuple[str, dict]:
@@ -271,6 +303,9 @@ def add_arguments(p) -> None:
     p.add_argument("--host-packages", action="store_true",
                    help="reuse the node's own distributions where they are the lock's pins (listed in the venv)")
     p.add_argument("--results", metavar="DIR", help="record a refusal (the row cannot be judged on this node) here")
+    p.add_argument("--table", default=None, metavar="PATH|URL",
+                   help="a signed table: the wheelhouse's lock must be the one that table names for the row")
+    p.add_argument("--pubkey", default=None, help="the key --table must verify with")
     p.add_argument("--json", action="store_true", help="print what was made as JSON")
     p.add_argument("--no-compile", action="store_true",
                    help="leave Python files uncompiled (a faster install; the first import compiles them)")
@@ -286,6 +321,16 @@ def run(args) -> int:
         sel = replace(sel, platform=host_platform() or DEFAULT_PLATFORM)
     row_id, row = select_row(manifest, sel)
     check_paths(wheelhouse, row)
+    signed = None
+    if args.table:
+        from .trust import load_verified
+
+        table, _ = load_verified(args.table, pubkey=args.pubkey, quiet=True)
+        there = next((r for r in table.rows if r.id == row_id), None)
+        if there is None or not there.lock_hash:
+            raise TrustError(f"{args.table}: the signed table has no lock for {row_id}")
+        signed = there.lock_hash
+    lock_check = check_lock(wheelhouse, row, signed)
     try:
         info = materialize(row_id, row, wheelhouse, Path(args.out), args.node_python, args.host_packages,
                            compile_bytecode=not args.no_compile)
@@ -293,11 +338,12 @@ def run(args) -> int:
         if args.results:
             _record_refusal(args.results, row, str(e))
         raise
+    info["lock_check"] = lock_check
     if args.json:
         print(json.dumps(info, indent=2, sort_keys=True))
     else:
         print(f"{row_id}: {info['installed']} distributions installed, {len(info['reused'])} reused from the node "
-              f"({info['seconds']['total']:.0f} s); {info['check']}")
+              f"({info['seconds']['total']:.0f} s); {info['check']}; {lock_check}")
         for r in info["reused"]:
             print(f"  reused {r['name']} {r['version']}" + (f" (pin {r['pin']})" if r["pin"] != r["version"] else ""))
     return 0

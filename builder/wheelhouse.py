@@ -32,7 +32,7 @@ from .progress import Heartbeat
 from .fsutil import write_atomic, write_json_atomic
 from .index import Metadata, _open, redact, torch_source
 from .lock import Locker, ordered_wheel_tags
-from .lockfile import pins_of
+from .lockfile import text_of, pins_of
 from .materialize import MANIFEST, SCHEMA, host_matches, read_manifest
 from .matrix import matrix_from_args, plan_from_args
 from .outcome import exit_of_lock
@@ -172,7 +172,7 @@ def _rows(args, pl, locker, out: Path, doc: dict, host, meta, m, beat) -> int:
         src = torch_source(c.cuda, c.torch, meta, m.pytorch_index, machine=_machine(c))
         layers = {layer.name: layer.text() for layer in lr.layers}
         files, got, skipped = add_row(out, doc, c, layers, meta, host, lock_hash=lr.lock_hash, era=lr.era,
-                                      torch_index=src.url, beat=beat)
+                                      torch_index=src.url, beat=beat, full_lock=text_of(lr.full_lock))
         write_json_atomic(out / MANIFEST, doc)  # after each row: an interrupted run keeps what it has
         print(f"{c.id}: {len(files)} files, {got / 2**20:.0f} MiB here"
               + (f", {skipped} the node has (--host-packages)" if skipped else "") + f" -> {out}")
@@ -180,7 +180,8 @@ def _rows(args, pl, locker, out: Path, doc: dict, host, meta, m, beat) -> int:
 
 
 def add_row(out: Path, doc: dict, c, layers: dict[str, str], meta: Metadata, host: dict[str, str], *,
-            lock_hash: str | None, era: str, torch_index: str | None = None, beat=None) -> tuple[list, int, int]:
+            lock_hash: str | None, era: str, torch_index: str | None = None, beat=None,
+            full_lock: str | None = None) -> tuple[list, int, int]:
     """Write one row's locks and files into the wheelhouse and its entry into `doc` (the manifest).
     -> (its files, bytes downloaded, files left to the node)."""
     prio = _priority(ordered_wheel_tags(c.python, c.glibc, c.platform))
@@ -212,6 +213,10 @@ def add_row(out: Path, doc: dict, c, layers: dict[str, str], meta: Metadata, hos
     doc["rows"][c.id] = {"combo": c.to_dict(), "lock_hash": lock_hash, "era": era, "glibc": c.glibc,
                          "locks": lock_files, "files": files,
                          "torch_index": redact(torch_index) if torch_index else "default"}
+    if full_lock is not None:  # the lock whose sha256 is lock_hash: `venv` checks the layers against it
+        rel = f"locks/{c.id}/full.txt"
+        write_atomic(out / rel, full_lock)
+        doc["rows"][c.id]["full_lock"] = rel
     return files, got, skipped
 
 

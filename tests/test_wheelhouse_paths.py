@@ -38,3 +38,52 @@ def test_a_manifest_may_not_point_outside_the_wheelhouse(tmp_path):
     with pytest.raises(InputError):
         check_paths(tmp_path, {"locks": [], "files": [{"file": "files/link.whl"}]})
     json.dumps(ok)
+
+
+def _wheelhouse(tmp_path):
+    """A row as `envbuild wheelhouse` writes it: its layers cut from one full lock whose sha256 is
+    the row's lock_hash."""
+    import hashlib
+
+    from envbuild.lockfile import layer_text, parse_lock
+    full_text = ("six==1.17.0 \\\n    --hash=sha256:" + "a" * 64 + "\n    # via -r requirements.in\n"
+                 "torch==2.11.0 \\\n    --hash=sha256:" + "b" * 64 + "\n")
+    full = parse_lock(full_text)
+    (tmp_path / "locks" / "r").mkdir(parents=True)
+    (tmp_path / "locks" / "r" / "full.txt").write_text(full_text)
+    (tmp_path / "locks" / "r" / "torch.txt").write_text(layer_text(full, ["torch"], "# torch layer"))
+    (tmp_path / "locks" / "r" / "verl.txt").write_text(layer_text(full, ["six"], "# verl layer"))
+    return {"combo": {"id": "r"}, "lock_hash": hashlib.sha256(full_text.encode()).hexdigest(),
+            "full_lock": "locks/r/full.txt", "locks": ["locks/r/torch.txt", "locks/r/verl.txt"], "files": []}
+
+
+def test_the_wheelhouse_installs_only_the_lock_its_row_and_the_signed_table_name(tmp_path):
+    """Issue 49: a wheel tampered together with the wheelhouse's lock copy and manifest installed,
+    passed the environment check and was recorded under the row's real lock hash."""
+    from envbuild.errors import TrustError
+    from envbuild.materialize import check_lock
+
+    row = _wheelhouse(tmp_path)
+    assert check_lock(tmp_path, row) == "lock checked against its lock_hash"
+    assert check_lock(tmp_path, row, row["lock_hash"]) == "lock checked against the signed table"
+    # A layer's hash swapped for the tampered wheel's: not the lock the row names.
+    layer = tmp_path / "locks" / "r" / "verl.txt"
+    good = layer.read_text()
+    layer.write_text(good.replace("a" * 64, "c" * 64))
+    with pytest.raises(TrustError, match="six==1.17.0 is not pinned as the row's full lock pins it"):
+        check_lock(tmp_path, row)
+    # ... and the full lock and manifest changed with it: consistent, but not the signed table's lock.
+    import hashlib
+    full = tmp_path / "locks" / "r" / "full.txt"
+    full.write_text(full.read_text().replace("a" * 64, "c" * 64))
+    forged = {**row, "lock_hash": hashlib.sha256(full.read_bytes()).hexdigest()}
+    assert check_lock(tmp_path, forged) == "lock checked against its lock_hash"
+    with pytest.raises(TrustError, match="the signed table's is"):
+        check_lock(tmp_path, forged, row["lock_hash"])
+    # the manifest's lock_hash alone changed: the lock copy says otherwise
+    layer.write_text(good)
+    with pytest.raises(TrustError, match="is not the row's lock_hash"):
+        check_lock(tmp_path, row)
+    # a wheelhouse without its full lock cannot be checked against a signed table
+    with pytest.raises(InputError, match="full_lock"):
+        check_lock(tmp_path, {k: v for k, v in row.items() if k != "full_lock"}, row["lock_hash"])
