@@ -18,10 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .probe.vocab import (
-    CAVEATS, CORE, ERROR, EXIT_INFRA, EXIT_OF_STATUS, EXIT_OK, EXIT_VERDICT, FAIL, FAILING, LEVELS, NEEDS_GPU,
-    NOT_APPLICABLE, PASS, SKIPPED, TIMEOUT, VERDICT_STATUSES, is_core,
+    ERROR, EXIT_INFRA, EXIT_OF_STATUS, EXIT_OK, EXIT_VERDICT, FAIL, FAILING, LEVELS, NEEDS_GPU, PASS, TIMEOUT,
+    VERDICT_STATUSES,
 )
 from .probe.vocab import NOT_A_PROBLEM as VOCAB_NOT_A_PROBLEM
+from .probe.verdict import Check  # noqa: F401 - the one Check, written by the probe, read here
 
 # ---------------------------------------------------------------- records
 
@@ -72,48 +73,6 @@ def exit_of_verdict(status: str) -> int:
 
 def _dict(v: object) -> dict:
     return v if isinstance(v, dict) else {}
-
-
-@dataclass
-class Check:
-    name: str
-    status: str
-    detail: str = ""
-    cause: str | None = None
-    seconds: float = 0.0
-    level: str | None = None  # the level that wrote it; None: it counts against every level
-    scope: str = CORE  # the runs that reach what it found (probe.verdict.Check); records before it: core
-    scope_from: str | None = None
-
-    @classmethod
-    def from_dict(cls, d: object) -> "Check | None":
-        if not isinstance(d, dict):
-            return None
-        secs = d.get("seconds")
-        scope = d.get("scope")
-        return cls(str(d.get("name") or ""), str(d.get("status") or ""), str(d.get("detail") or ""),
-                   None if d.get("cause") is None else str(d["cause"]),
-                   float(secs) if isinstance(secs, (int, float)) and not isinstance(secs, bool) else 0.0,
-                   d.get("level") if d.get("level") in LEVELS else None,
-                   scope if isinstance(scope, str) and scope else CORE,
-                   d.get("scope_from") if isinstance(d.get("scope_from"), str) else None)
-
-    def to_dict(self) -> dict:
-        d = {"name": self.name, "status": self.status, "detail": self.detail, "cause": self.cause,
-             "seconds": self.seconds, "level": self.level}
-        if not is_core(self.scope) or self.scope_from:
-            d.update(scope=self.scope, scope_from=self.scope_from)
-        return d
-
-    @property
-    def problem(self) -> bool:
-        """Explains a non-passing verdict: a core check that did not pass (a scoped failure is a
-        caveat of the runs that opt in, listed apart)."""
-        return self.status not in NOT_A_PROBLEM and is_core(self.scope)
-
-    @property
-    def scoped_failure(self) -> bool:
-        return self.status in FAILING and not is_core(self.scope)
 
 
 _KNOWN = ("level", "status", "cause", "engine", "expect", "checks", "versions", "hardware", "caveats", "gpu",

@@ -13,8 +13,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 from .vocab import (  # noqa: F401 - the statuses' home is the vocabulary; re-exported for the probe's modules
-    CAVEATS, CORE, ERROR, FAIL, NEEDS_GPU, NEEDS_HOME, NEEDS_NETWORK, NOT_APPLICABLE, PASS, SKIPPED, is_core,
-    PRECEDENCE, TIMEOUT, worst_status,
+    CAVEATS, CORE, ERROR, FAIL, FAILING, LEVELS, NEEDS_GPU, NEEDS_HOME, NEEDS_NETWORK, NOT_A_PROBLEM, NOT_APPLICABLE,
+    PASS, SKIPPED, is_core, PRECEDENCE, TIMEOUT, worst_status,
 )
 
 SCHEMA = 1
@@ -22,17 +22,50 @@ SCHEMA = 1
 
 @dataclass
 class Check:
+    """One check: the one model, written by the probe and read by the host (outcome.py)."""
+
     name: str
     status: str
     detail: str = ""
     cause: str | None = None  # classified cause when not pass, e.g. "undefined-symbol"
     seconds: float = 0.0
-    level: str | None = None  # env | contract | gpu: the level that wrote it (the table reads it)
+    level: str | None = None  # env | contract | gpu: the level that wrote it; None counts against every level
     # The runs that reach what it found (vocab.CORE, a feature, `model:T`, `guard:G`) and whether
     # that was read from code or from a feature descriptor. Only a core failure fails the verdict;
-    # a scoped one is a caveat of the runs that opt in.
+    # a scoped one is a caveat of the runs that opt in. Records made before scopes: core.
     scope: str = CORE
     scope_from: str | None = None
+
+    @classmethod
+    def from_dict(cls, d: object) -> "Check | None":
+        """A check from JSON of any source (a record, another envbuild): wrong types are read as
+        the field's empty value, never trusted as given."""
+        if not isinstance(d, dict):
+            return None
+        secs, scope, sfrom = d.get("seconds"), d.get("scope"), d.get("scope_from")
+        return cls(str(d.get("name") or ""), str(d.get("status") or ""), str(d.get("detail") or ""),
+                   None if d.get("cause") is None else str(d["cause"]),
+                   float(secs) if isinstance(secs, (int, float)) and not isinstance(secs, bool) else 0.0,
+                   d.get("level") if d.get("level") in LEVELS else None,
+                   scope if isinstance(scope, str) and scope else CORE,
+                   sfrom if isinstance(sfrom, str) else None)
+
+    def to_dict(self) -> dict:
+        d = {"name": self.name, "status": self.status, "detail": self.detail, "cause": self.cause,
+             "seconds": self.seconds, "level": self.level}
+        if not is_core(self.scope) or self.scope_from:
+            d.update(scope=self.scope, scope_from=self.scope_from)
+        return d
+
+    @property
+    def problem(self) -> bool:
+        """Explains a non-passing verdict: a core check that did not pass (a scoped failure is a
+        caveat of the runs that opt in, listed apart)."""
+        return self.status not in (None, "ok", *NOT_A_PROBLEM) and is_core(self.scope)
+
+    @property
+    def scoped_failure(self) -> bool:
+        return self.status in FAILING and not is_core(self.scope)
 
 
 @dataclass

@@ -21,6 +21,7 @@ import tempfile
 import time
 
 from .verdict import FAIL, NEEDS_GPU, PASS, SKIPPED, Verdict
+from .vocab import QUIET
 
 STEP_TIMEOUT = float(os.environ.get("ENVBUILD_VERL_STEP_TIMEOUT", "900"))
 # verl's console logger: `step:1 - actor/pg_loss:0.01 - critic/score/mean:0.5 - …` (aggregate_logger.py)
@@ -230,7 +231,7 @@ def engine_step_summary(v: Verdict, seconds: float) -> None:
     mine = [c for c in v.checks if c.name.startswith("gpu:")]
     if not mine:
         return
-    bad = [c for c in mine if c.status not in (PASS, SKIPPED)]
+    bad = [c for c in mine if c.status not in QUIET]
     if not bad:
         v.add("engine-step", PASS, f"{len(mine)} checks of envbuild's own GRPO step through the engine's API",
               seconds=seconds)
