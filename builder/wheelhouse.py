@@ -33,6 +33,7 @@ from .fsutil import write_atomic, write_json_atomic
 from .index import Metadata, _open, redact, torch_source
 from .lock import Locker, ordered_wheel_tags
 from .lockfile import text_of, pins_of
+from .probe.vocab import DEFAULT_PLATFORM, host_platform
 from .materialize import MANIFEST, SCHEMA, host_matches, read_manifest
 from .matrix import matrix_from_args, plan_from_args
 from .outcome import exit_of_lock
@@ -147,6 +148,13 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     meta = Metadata()
+    if getattr(args, "platform", None) is None:
+        # One platform, the node's: a wheelhouse is carried to one node. This machine's unless
+        # --platform names the node's (every platform of the matrix once meant an exit 3 on the
+        # one whose index could not be reached).
+        args.platform = host_platform() or DEFAULT_PLATFORM
+        print(f"wheelhouse: rows for {args.platform} (this machine's platform; --platform names the node's)",
+              file=sys.stderr)
     m = matrix_from_args(args)
     pl = plan_from_args(args, meta)
     locker = Locker(m, meta)

@@ -156,3 +156,13 @@ def test_statement_envelope_is_in_toto(signer):
     assert env["payloadType"] == IN_TOTO_PAYLOAD_TYPE
     assert json.loads(base64.b64decode(env["payload"])) == st
     assert sslib_accepts(env, signer)
+
+
+def test_keygen_says_what_it_made_as_json(tmp_path, run_cli):
+    import json
+    p = run_cli("keygen", "--out", tmp_path / "k", "--json")
+    assert p.returncode == 0, p.stderr
+    got = json.loads(p.stdout)
+    pub = json.loads((tmp_path / "k" / "envbuild.pub.json").read_text())
+    assert got == {"private_key": str(tmp_path / "k" / "envbuild.key"), "public_key": str(tmp_path / "k" / "envbuild.pub.json"),
+                   "keyid": pub["keyid"]}
