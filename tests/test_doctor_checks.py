@@ -63,11 +63,48 @@ def test_k3_plus_is_a_known_kl_type():
     assert grpo(*GOOD_GRPO, "actor_rollout_ref.actor.kl_loss_type=k3+")["grpo.kl_loss"].status == PASS
 
 
-def test_norm_adv_left_at_default_warns():
+def test_norm_adv_left_at_verls_default_is_no_warning():
+    """Issue 50: a WARN here fired on all of verl's own GRPO examples, teaching users to ignore WARN."""
     base = [o for o in GOOD_GRPO if "norm_adv" not in o]
     r = grpo(*base)["grpo.norm_adv"]
-    assert r.status == WARN and "default" in r.reason and "Dr. GRPO" in r.fix
+    assert r.status == PASS and "verl's default" in r.reason and "Dr. GRPO" in r.reason
     assert grpo(*base, "algorithm.norm_adv_by_std_in_grpo=False")["grpo.norm_adv"].status == PASS
+
+
+# A config shaped like verl's GRPO example scripts (examples/grpo_trainer: batch 1024, mini 256, micro 40
+# per GPU, TP 2, n=5 on 8 GPUs): every start-up check passes and nothing warns.
+VERL_EXAMPLE = ["algorithm.adv_estimator=grpo", "data.train_batch_size=1024", "data.max_prompt_length=512",
+                "data.max_response_length=1024", "actor_rollout_ref.actor.ppo_mini_batch_size=256",
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=40", "actor_rollout_ref.actor.use_kl_loss=True",
+                "actor_rollout_ref.actor.kl_loss_coef=0.001", "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=40",
+                "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.rollout.name=vllm",
+                "actor_rollout_ref.rollout.n=5", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=40",
+                "algorithm.use_kl_in_reward=False", "trainer.n_gpus_per_node=8", "trainer.nnodes=1"]
+
+
+def config(*overrides):
+    return by_name(check_config(build_config(None, list(overrides)), NO_GPU))
+
+
+def test_a_config_shaped_like_verls_examples_passes_every_start_up_check_and_warns_nothing():
+    r = {**config(*VERL_EXAMPLE), **grpo(*VERL_EXAMPLE)}
+    assert r["config.batches"].status == PASS and r["config.parallel"].status == PASS
+    assert not [k for k, v in r.items() if v.status in (WARN, FAIL)], {k: v.reason for k, v in r.items()
+                                                                     if v.status in (WARN, FAIL)}
+
+
+@pytest.mark.parametrize("override,name,needle", [
+    ("actor_rollout_ref.actor.ppo_mini_batch_size=2048", "config.batches", "larger than data.train_batch_size=1024"),
+    ("actor_rollout_ref.actor.ppo_micro_batch_size=320", "config.batches", "both actor_rollout_ref.actor.ppo_micro_batch_size and"),
+    ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=48", "config.batches", "not a multiple of"),
+    ("actor_rollout_ref.rollout.tensor_model_parallel_size=16", "config.parallel", "does not divide the 8 GPU(s)"),
+    ("actor_rollout_ref.rollout.tensor_model_parallel_size=3", "config.parallel", "does not divide"),
+])
+def test_what_verl_refuses_at_start_up_fails_before_the_job_queues(override, name, needle):
+    """Issue 50: errors verl raises only after the job waited in the queue."""
+    r = config(*VERL_EXAMPLE, override)[name]
+    assert r.status == FAIL and needle in r.reason, r.reason
 
 
 def test_kl_in_reward_and_loss_warns():
@@ -156,4 +193,5 @@ def test_quoted_booleans_and_numbers_warn(tmp_path):
                                                    "trainer.nnodes='2' (expects a number)"]
     ok = check_config(build_config(None, ["actor_rollout_ref.actor.entropy_coeff=0.001", "trainer.nnodes=2",
                                         "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=2"]), Options())
-    assert {x.name: x.status for x in ok} == {"config.keys": PASS, "config.unset": FAIL, "config.types": PASS}
+    assert {x.name: x.status for x in ok} == {"config.keys": PASS, "config.unset": FAIL, "config.types": PASS,
+                                              "config.batches": PASS, "config.parallel": PASS}

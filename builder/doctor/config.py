@@ -16,7 +16,62 @@ MIXED_TYPES = {"reshard_after_forward"}
 
 
 def check_config(cfg: VerlConfig, opt: Options) -> list[Result]:
-    return [_unknown_keys(cfg), _unset(cfg), _value_types(cfg)]
+    return [_unknown_keys(cfg), _unset(cfg), _value_types(cfg), _batches(cfg), _parallel(cfg)]
+
+
+A = "actor_rollout_ref."
+# (per-GPU key, total key) pairs of which verl takes exactly one, and what uses them.
+MICRO_PAIRS = ((A + "actor.ppo_micro_batch_size_per_gpu", A + "actor.ppo_micro_batch_size"),
+               (A + "rollout.log_prob_micro_batch_size_per_gpu", A + "rollout.log_prob_micro_batch_size"),
+               (A + "ref.log_prob_micro_batch_size_per_gpu", A + "ref.log_prob_micro_batch_size"),
+               ("critic.ppo_micro_batch_size_per_gpu", "critic.ppo_micro_batch_size"))
+
+
+def _int(cfg: VerlConfig, key: str) -> int | None:
+    v = cfg.get(key)
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _batches(cfg: VerlConfig) -> Result:
+    """What verl asserts about batch sizes before it trains (after the job waited in the queue):
+    train_batch_size >= ppo_mini_batch_size (both count prompts); of a micro batch size, the per-GPU
+    or the total form, never both; the mini batch per GPU (mini x n / (GPUs / sequence parallel))
+    divisible by the per-GPU micro batch."""
+    bad = []
+    train, mini = _int(cfg, "data.train_batch_size"), _int(cfg, A + "actor.ppo_mini_batch_size")
+    if train is not None and mini is not None and mini > train:
+        bad.append(f"actor.ppo_mini_batch_size={mini} is larger than data.train_batch_size={train} (both count "
+                   "prompts; verl asserts train_batch_size >= ppo_mini_batch_size)")
+    for per_gpu, total in MICRO_PAIRS:
+        if cfg.get(per_gpu) is not None and cfg.get(total) is not None:
+            bad.append(f"both {total} and {per_gpu} are set (verl refuses both: remove {total})")
+    n = _int(cfg, A + "rollout.n") or 1
+    world = (_int(cfg, "trainer.nnodes") or 1) * (_int(cfg, "trainer.n_gpus_per_node") or 1)
+    sp = _int(cfg, A + "actor.ulysses_sequence_parallel_size") or 1
+    micro = _int(cfg, A + "actor.ppo_micro_batch_size_per_gpu")
+    dynamic = cfg.get(A + "actor.use_dynamic_bsz") is True
+    if mini is not None and micro and not dynamic and world % sp == 0:
+        per_gpu_mini = mini * n // (world // sp)
+        if per_gpu_mini == 0 or per_gpu_mini % micro:
+            bad.append(f"the mini batch per GPU is {mini} x n={n} / ({world} GPUs / sp={sp}) = {per_gpu_mini}, "
+                       f"not a multiple of actor.ppo_micro_batch_size_per_gpu={micro} (verl asserts it)")
+    if bad:
+        return Result("config", "config.batches", FAIL, "; ".join(bad),
+                      "make train_batch_size >= ppo_mini_batch_size, set one micro batch form, and a per-GPU "
+                      "micro batch that divides the per-GPU mini batch")
+    return Result("config", "config.batches", PASS, "batch sizes pass verl's start-up checks")
+
+
+def _parallel(cfg: VerlConfig) -> Result:
+    """The rollout's tensor parallel size must divide the GPUs (verl builds world/TP replicas)."""
+    tp = _int(cfg, A + "rollout.tensor_model_parallel_size") or 1
+    world = (_int(cfg, "trainer.nnodes") or 1) * (_int(cfg, "trainer.n_gpus_per_node") or 1)
+    if tp > world or world % tp:
+        return Result("config", "config.parallel", FAIL,
+                      f"rollout.tensor_model_parallel_size={tp} does not divide the {world} GPU(s) of "
+                      "trainer.nnodes x trainer.n_gpus_per_node: verl cannot place the rollout replicas",
+                      f"set actor_rollout_ref.rollout.tensor_model_parallel_size to a divisor of {world}")
+    return Result("config", "config.parallel", PASS, f"rollout TP {tp} divides the {world} GPU(s)")
 
 
 def _unset(cfg: VerlConfig) -> Result:
