@@ -66,16 +66,48 @@ def scopes_of(flat) -> set[str]:
 
 
 def overrides_of_script(path: str) -> list[str]:
-    """The `key=value` overrides a launch script passes to verl's main_ppo (line continuations
-    joined; only the words after `main_ppo` on the command that names it)."""
+    """The `key=value` overrides a launch script passes to verl's main_ppo, `+`/`~` stripped (what
+    a run enters is the same whether a key is added or set)."""
+    return [o.lstrip("+~") for o in script_overrides(path)[0]]
+
+
+_ASSIGN = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+_ARITH = re.compile(r"\$\(\(([^()]*)\)\)")
+
+
+def script_overrides(path: str) -> tuple[list[str], list[str]]:
+    """(overrides, keys left out) of the command that runs verl's main_ppo in a launch script, as
+    verl receives them (`+key=v`, `~key` kept). Line continuations are joined; the script's own
+    plain assignments (`bsz=8`, `export X=...`, `${X:-default}`, integer `$((a / 2))`) are expanded;
+    an override that still names the environment (`$HOME`, a command's output) is left out and
+    named, never guessed."""
     try:
         with open(path, "rb") as fh:
             raw = fh.read(MAX_SCRIPT_BYTES + 1)
     except OSError as e:
         raise InputError(path, None, "--config", path, f"cannot read: {e.strerror}") from None
     text = raw.decode("utf-8", errors="replace").replace("\\\n", " ")
+    env: dict[str, str] = {}
     out: list[str] = []
+    left: list[str] = []
     for line in text.splitlines():
+        m = _ASSIGN.match(line)
+        if m and "main_ppo" not in line:
+            raw_value = re.sub(r"\s+#.*$", "", m.group(2)).strip()
+            if _ARITH.fullmatch(raw_value):  # $((a / 2)): one word to bash, several to shlex
+                words = [raw_value]
+            else:
+                try:
+                    words = shlex.split(raw_value)
+                except ValueError:
+                    words = []
+            value = _expand(words[0], env) if len(words) == 1 else ("" if not words else None)
+            if value is not None:
+                env[m.group(1)] = value
+            else:
+                env.pop(m.group(1), None)
+            continue
         if "main_ppo" not in line:
             continue
         try:
@@ -85,10 +117,46 @@ def overrides_of_script(path: str) -> list[str]:
         after = False
         for w in words:
             if after and "=" in w and not w.startswith("-"):
-                out.append(w.lstrip("+~"))
+                got = _expand(w, env)
+                if got is None:
+                    left.append(w.split("=", 1)[0])
+                else:
+                    out.append(got)
+            elif after and w.startswith("~") and "=" not in w:
+                out.append(w)
             elif w.endswith("main_ppo") or w.endswith("main_ppo.py"):
                 after = True
-    return out
+    return out, left
+
+
+def _expand(word: str, env: dict[str, str]) -> str | None:
+    """`word` with the script's own variables and integer arithmetic filled in; None when it still
+    needs the environment."""
+    def var(m):
+        name, default = m.group(1) or m.group(3), m.group(2)
+        if name in env:
+            return env[name]
+        if default is not None and "$" not in default:
+            return default
+        raise KeyError(name)
+
+    try:
+        word = _ARITH.sub(lambda m: str(_arith(_VAR.sub(var, m.group(1)), env)), word)
+        word = _VAR.sub(var, word)
+    except (KeyError, ValueError, ZeroDivisionError):
+        return None
+    return None if ("$" in word or "`" in word) else word
+
+
+def _arith(expr: str, env: dict[str, str]) -> int:
+    """Integer + - * / % of literals and names (bash's $((...)) for what launch scripts compute)."""
+    tokens = re.findall(r"\d+|[A-Za-z_][A-Za-z0-9_]*|[-+*/%()]", expr)
+    if "".join(tokens) != re.sub(r"\s+", "", expr):
+        raise ValueError(expr)
+    py = " ".join(env[t] if t in env else ("//" if t == "/" else t) for t in tokens)
+    if not re.fullmatch(r"[\d\s+*/%()-]+", py):
+        raise ValueError(expr)
+    return int(eval(py, {"__builtins__": {}}, {}))  # noqa: S307 - digits and operators only (checked above)
 
 
 def scopes_of_config(path: str) -> set[str]:

@@ -226,3 +226,53 @@ def test_missing_values_are_present_but_unset(run_cli):
     only_config = [g for x in ("grpo", "fsdp", "data", "output", "ray", "env") for g in ("--skip", x)]
     p = run_cli("doctor", "--verl", "0.9.1", *only_config)
     assert p.returncode == 1 and "FAIL  config.unset" in p.stdout and "???" not in p.stdout, p.stdout
+
+
+SCRIPT = """#!/usr/bin/env bash
+set -x
+train_prompt_bsz=4 # 2n >= 4
+train_prompt_mini_bsz=$((train_prompt_bsz / 2)) # n
+n_resp_per_prompt=4
+NGPUS=${NGPUS:-2}
+python3 -m verl.trainer.main_ppo \\
+    algorithm.adv_estimator=grpo \\
+    data.train_files="${HOME}"/data/gsm8k/train.parquet \\
+    data.train_batch_size=${train_prompt_bsz} \\
+    actor_rollout_ref.actor.ppo_mini_batch_size=$train_prompt_mini_bsz \\
+    actor_rollout_ref.rollout.n=${n_resp_per_prompt} \\
+    +actor_rollout_ref.model.override_config.attn_implementation=sdpa \\
+    trainer.n_gpus_per_node=$NGPUS $@
+"""
+
+
+def test_a_launch_scripts_main_ppo_overrides_are_read_with_its_own_variables(tmp_path):
+    """Issue 50: doctor could not be handed verl's own launch script. Its assignments and integer
+    arithmetic are expanded; a value from the environment is left out and named, never guessed."""
+    from envbuild.runscope import script_overrides
+    f = tmp_path / "run_grpo.sh"
+    f.write_text(SCRIPT)
+    got, left = script_overrides(str(f))
+    assert got == ["algorithm.adv_estimator=grpo", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                   "actor_rollout_ref.rollout.n=4", "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+                   "trainer.n_gpus_per_node=2"]
+    assert left == ["data.train_files"]
+
+
+def test_doctor_takes_a_launch_script_and_judges_only_what_it_can_read(tmp_path, run_cli):
+    f = tmp_path / "run_grpo.sh"
+    f.write_text(SCRIPT)
+    p = run_cli("doctor", "--skip", "env", "--skip", "ray", "--json", f, "--", "actor_rollout_ref.rollout.name=vllm",
+                cwd=tmp_path)
+    out = json.loads(p.stdout)
+    checks = {c["name"]: c for c in out["checks"]}
+    assert checks["config.script"]["status"] == "skip" and "data.train_files" in checks["config.script"]["reason"]
+    assert checks["data.train_files"]["status"] == "skip" and "environment" in checks["data.train_files"]["reason"]
+    assert out["config"]["actor_rollout_ref.actor.ppo_mini_batch_size"] == 2  # from $((4 / 2))
+    assert out["config"]["actor_rollout_ref.rollout.name"] == "vllm"  # the command line's own, after the script's
+    assert checks["config.unset"]["status"] == PASS and checks["config.batches"]["status"] == PASS
+    # --config names a script the same way; a file without verl's command is one line, exit 2
+    q = run_cli("doctor", "--config", f, "--skip", "env", "--skip", "ray", "--json", cwd=tmp_path)
+    assert json.loads(q.stdout)["config"]["data.train_batch_size"] == 4
+    (tmp_path / "other.sh").write_text("echo hello\n")
+    r = run_cli("doctor", "--skip", "env", "--skip", "ray", tmp_path / "other.sh", cwd=tmp_path)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "main_ppo" in r.stderr, r.stderr

@@ -48,8 +48,10 @@ def diagnose(cfg: VerlConfig, opt: Options, skip: set[str] = frozenset()) -> lis
 
 def add_arguments(p) -> None:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                   help="verl trainer overrides, after `--` (key=value, +key=value, ~key)")
-    p.add_argument("--config", help="a verl YAML config; overrides apply on top of it")
+                   help="verl trainer overrides, after `--` (key=value, +key=value, ~key); or first a launch "
+                        "script (`envbuild doctor run_grpo.sh`): the overrides its main_ppo command passes")
+    p.add_argument("--config", help="a verl YAML config, or a launch script that runs verl's main_ppo; "
+                                    "overrides apply on top of it")
     p.add_argument("--verl", metavar="VERSION",
                    help="judge against this verl release's trainer config (default: the installed verl, "
                         "else the newest recorded release)")
@@ -64,8 +66,55 @@ def add_arguments(p) -> None:
     p.add_argument("--ray-timeout", type=_seconds, default=90.0, help="seconds for the Ray query (default 90)")
 
 
+def _script_input(args) -> tuple[str | None, list[str], Result | None]:
+    """(YAML config, overrides, what a launch script left out): a launch script (given as --config
+    or as the first argument) is read for the overrides its main_ppo command passes; later
+    overrides win, as they would appended to the script's command."""
+    import os
+
+    from ..runscope import script_overrides
+
+    config, overrides = args.config, list(args.overrides)
+    script = None
+    if config and not config.endswith((".yaml", ".yml", ".json")):
+        script, config = config, None
+    elif overrides and "=" not in overrides[0] and not overrides[0].startswith("~") and os.path.isfile(overrides[0]):
+        script, overrides = overrides[0], overrides[1:]
+    if script is None:
+        return config, overrides, None
+    found, left = script_overrides(script)
+    if not found and not left:
+        raise InputError(script, None, "script", script, "no `python -m verl.trainer.main_ppo key=value ...` "
+                         "command in it: give a verl YAML with --config, or the overrides after `--`")
+    args._left_out = left
+    note = Result("config", "config.script", SKIP if left else PASS,
+                  f"{script}: {len(found)} override(s) of its main_ppo command read"
+                  + (f"; not judged (their values come from the environment when it runs): {', '.join(left)}"
+                     if left else ""))
+    return config, found + overrides, note
+
+
+def _not_judged(results: list[Result], left: list[str]) -> list[Result]:
+    """A check about a key the launch script sets from the environment (or whose words name it)
+    would judge verl's default instead of the run's value: it says so and judges nothing."""
+    if not left:
+        return results
+    out, seen = [], set()
+    for r in results:
+        hit = next((k for k in left if r.name == k or r.name.startswith(k + "[")
+                    or k.rpartition(".")[2] in f"{r.reason} {r.fix}"), None)
+        if hit is None:
+            out.append(r)
+        elif (r.name.split("[")[0], hit) not in seen:
+            seen.add((r.name.split("[")[0], hit))
+            out.append(Result(r.group, r.name.split("[")[0], SKIP,
+                              f"not judged: it reads {hit}, which the launch script takes from the environment"))
+    return out
+
+
 def run(args) -> int:
-    cfg = build_config(args.config, args.overrides, verl=args.verl)
+    config, overrides, script_note = _script_input(args)
+    cfg = build_config(config, overrides, verl=args.verl)
     platform = None
     if args.platform:
         platform = parse_platform(args.platform)
@@ -73,7 +122,8 @@ def run(args) -> int:
             raise InputError("command line", None, "--platform", args.platform, f"not a platform ({', '.join(PLATFORMS)})")
     opt = Options(table=args.table, pubkey=args.pubkey, insecure=args.insecure,
                   probe_timeout=args.probe_timeout, ray_timeout=args.ray_timeout, platform=platform)
-    results = diagnose(cfg, opt, set(args.skip))
+    results = ([script_note] if script_note else []) + _not_judged(diagnose(cfg, opt, set(args.skip)),
+                                                                   getattr(args, "_left_out", []))
     failed = any(r.status == FAIL for r in results)
     if args.json:
         given = {k: cfg.get(k) for k in cfg.explicit if k not in cfg.deleted}  # what the user set, resolved
