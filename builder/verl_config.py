@@ -99,14 +99,17 @@ def compose_trainer_config(config_dir: Path, name: str = CONFIG_NAME) -> dict:
     return OmegaConf.to_container(cfg, resolve=False)
 
 
-def base_config(release: str | None = None) -> tuple[dict, str]:
-    """(verl's default trainer config, where it came from). `release`: judge against that verl
-    release; default: the installed verl, else the newest recorded release."""
+def base_config(release: str | None = None) -> tuple[dict, str, dict]:
+    """(verl's default trainer config, where it came from, the values its enum-valued keys accept:
+    verl_choices). `release`: judge against that verl release; default: the installed verl, else
+    the newest recorded release."""
+    from .verl_choices import installed_choices, recorded_choices
+
     inst = installed_config_dir()
     note = ""
     if inst and release in (None, inst[0]):
         try:
-            return compose_trainer_config(inst[1]), f"verl {inst[0]}, installed"
+            return compose_trainer_config(inst[1]), f"verl {inst[0]}, installed", installed_choices()
         except Exception as e:  # a broken install: judge against a recorded copy, and say so
             note = f" (the installed verl's config did not compose: {type(e).__name__})"
             release = inst[0]
@@ -117,8 +120,9 @@ def base_config(release: str | None = None) -> tuple[dict, str]:
         raise InputError("command line", None, "--verl", release,
                          f"no recorded trainer config for this release; recorded: {', '.join(known) or 'none'} "
                          "(ci/record_verl_config.py records them)")
-    rec = json.loads((recorded_dir() / f"{release}.json").read_text())
-    return rec["config"], f"verl {release}, recorded from its wheel{note}"
+    path = recorded_dir() / f"{release}.json"
+    rec = json.loads(path.read_text())
+    return rec["config"], f"verl {release}, recorded from its wheel{note}", recorded_choices(path)
 
 
 # --------------------------------------------------------------------------- bounded YAML
@@ -284,6 +288,7 @@ class VerlConfig:
     deleted: set[str] = field(default_factory=set)
     values: dict[str, Any] = field(default_factory=dict)  # dotted key -> raw (unresolved) value
     resolved: dict = field(default_factory=dict)
+    choices: dict = field(default_factory=dict)  # key -> {"values", "where"}: what verl's code accepts
 
     def __post_init__(self) -> None:
         self.defaults = _flatten(self.base)
@@ -505,8 +510,8 @@ def _deadline(seconds: float):
 
 
 def build_config(config_file: str | None, overrides: list[str], verl: str | None = None) -> VerlConfig:
-    base, origin = base_config(verl)
-    cfg = VerlConfig(base, origin)
+    base, origin, choices = base_config(verl)
+    cfg = VerlConfig(base, origin, choices=choices)
     if config_file:
         cfg.merge_file(load_config_file(config_file), str(config_file))
     for o in overrides:

@@ -4,7 +4,8 @@
 For each verl release of the matrix (or those named): `pip download --no-deps verl==X`, take
 verl/trainer/config/ out of the wheel, compose `ppo_trainer` with Hydra exactly as doctor does for
 an installed verl (envbuild.verl_config.compose_trainer_config), and write
-matrix/verl_config/X.json: {verl, source: {wheel, sha256}, config_name, config}. Unresolved
+matrix/verl_config/X.json: {verl, source: {wheel, sha256}, config_name, config, choices} (choices:
+the values verl's code accepts for its enum-valued keys, envbuild.verl_choices). Unresolved
 interpolations stay as strings; JSON keeps YAML 1.2 floats as floats. Never edit these by hand.
 
     python3 ci/record_verl_config.py [--check] [VERSION ...]
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from envbuild.matrix import load_matrix
 from envbuild.paths import data_dir, default_matrix
+from envbuild.verl_choices import SOURCES, choices_of_tree
 from envbuild.verl_config import CONFIG_NAME, compose_trainer_config
 
 PREFIX = "verl/trainer/config/"
@@ -38,11 +40,11 @@ def record(version: str, work: Path) -> dict:
     out = work / f"cfg-{version}"
     with zipfile.ZipFile(wheel) as z:
         for name in z.namelist():
-            if name.startswith(PREFIX) and name.endswith(".yaml") and ".." not in name:
+            if ".." not in name and ((name.startswith(PREFIX) and name.endswith(".yaml")) or name in SOURCES):
                 z.extract(name, out)
     config = compose_trainer_config(out / PREFIX, CONFIG_NAME)
     return {"verl": version, "source": {"wheel": wheel.name, "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest()},
-            "config_name": CONFIG_NAME, "config": config}
+            "config_name": CONFIG_NAME, "config": config, "choices": choices_of_tree(out)}
 
 
 def dump(rec: dict) -> str:

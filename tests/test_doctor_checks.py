@@ -194,4 +194,24 @@ def test_quoted_booleans_and_numbers_warn(tmp_path):
     ok = check_config(build_config(None, ["actor_rollout_ref.actor.entropy_coeff=0.001", "trainer.nnodes=2",
                                         "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=2"]), Options())
     assert {x.name: x.status for x in ok} == {"config.keys": PASS, "config.unset": FAIL, "config.types": PASS,
-                                              "config.batches": PASS, "config.parallel": PASS}
+                                              "config.choices": PASS, "config.batches": PASS, "config.parallel": PASS}
+
+
+@pytest.mark.parametrize("verl,override,ok", [
+    ("0.9.1", "algorithm.adv_estimator=grpo", True),
+    ("0.9.1", "algorithm.adv_estimator=gdpo", True),
+    ("0.4.1", "algorithm.adv_estimator=gdpo", False),  # registered from a later release on
+    ("0.9.1", "algorithm.adv_estimator=grp0", False),
+    ("0.9.1", "actor_rollout_ref.rollout.name=vllm", True),
+    ("0.9.1", "actor_rollout_ref.rollout.name=hf", False),  # no hf in 0.9.1's rollout registry
+    ("0.4.1", "actor_rollout_ref.rollout.name=hf", True),
+])
+def test_enum_values_are_the_ones_that_verl_releases_code_accepts(verl, override, ok):
+    """Issue 50: an unknown adv_estimator or rollout.name stops verl only after the job queued.
+    The accepted values are read from each release's own code (recorded beside its config)."""
+    cfg = build_config(None, [override], verl=verl)
+    r = by_name(check_config(cfg, NO_GPU))["config.choices"]
+    assert r.status == (PASS if ok else FAIL), r.reason
+    if not ok:
+        key, value = override.split("=")
+        assert f"{key}={value} is not one verl {verl}" in r.reason and ("core_algos.py:" in r.reason or "rollout" in r.reason)

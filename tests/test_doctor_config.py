@@ -156,7 +156,7 @@ def test_installed_verl_is_composed_with_hydra(tmp_path, monkeypatch):
                                         "actor_rollout_ref:\n  rollout:\n    n: 1\n    name: vllm\n"
                                         "trainer:\n  nnodes: 1\n")
     monkeypatch.setattr(verl_config, "installed_config_dir", lambda: ("9.9.9", d))
-    base, origin = base_config()
+    base, origin, _ = base_config()
     assert origin == "verl 9.9.9, installed"
     assert base == compose_trainer_config(d)
     assert base["actor_rollout_ref"]["actor"] == {"strategy": "fsdp", "ppo_epochs": 1}
@@ -220,7 +220,8 @@ def test_missing_values_are_present_but_unset(run_cli):
         assert r["config.keys"].status == PASS and r["config.unset"].status == PASS
         bare = {x.name: x for x in check_config(cfg_of(verl=verl), Options())}["config.unset"]
         assert bare.status == FAIL and bare.details["unset"] == ["actor_rollout_ref.rollout.name"]
-        assert bare.fix == "set actor_rollout_ref.rollout.name=vllm|sglang|hf"
+        # the names that release's rollout registry holds (no hf from 0.6 on)
+        assert bare.fix == "set actor_rollout_ref.rollout.name=" + {"0.6.0": "sglang|vllm", "0.9.1": "sglang|trtllm|vllm"}[verl]
     on = cfg_of("actor_rollout_ref.rollout.name=vllm", "reward.reward_model.enable=True", verl="0.9.1")
     assert on.unset() == ["reward.reward_model.rollout.name"]
     only_config = [g for x in ("grpo", "fsdp", "data", "output", "ray", "env") for g in ("--skip", x)]

@@ -66,6 +66,24 @@ def add_arguments(p) -> None:
     p.add_argument("--ray-timeout", type=_seconds, default=90.0, help="seconds for the Ray query (default 90)")
 
 
+def _is_script(path: str) -> bool:
+    """A launch script, not a YAML: a regular file named *.sh, or starting with #!, or naming
+    main_ppo. Anything else (a FIFO, a device) is left to the YAML reader, which refuses it."""
+    import os
+    import stat
+
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False
+        if path.endswith(".sh"):
+            return True
+        with open(path, "rb") as fh:
+            head = fh.read(1 << 16)
+    except OSError:
+        return False
+    return head.startswith(b"#!") or b"main_ppo" in head
+
+
 def _script_input(args) -> tuple[str | None, list[str], Result | None]:
     """(YAML config, overrides, what a launch script left out): a launch script (given as --config
     or as the first argument) is read for the overrides its main_ppo command passes; later
@@ -76,9 +94,9 @@ def _script_input(args) -> tuple[str | None, list[str], Result | None]:
 
     config, overrides = args.config, list(args.overrides)
     script = None
-    if config and not config.endswith((".yaml", ".yml", ".json")):
+    if config and _is_script(config):
         script, config = config, None
-    elif overrides and "=" not in overrides[0] and not overrides[0].startswith("~") and os.path.isfile(overrides[0]):
+    elif overrides and "=" not in overrides[0] and not overrides[0].startswith("~") and _is_script(overrides[0]):
         script, overrides = overrides[0], overrides[1:]
     if script is None:
         return config, overrides, None

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..probe.vocab import ENGINE_SPECS
 from ..verl_config import VerlConfig
-from .common import (FAIL, PASS, WARN, Options, Result)
+from .common import (FAIL, PASS, SKIP, WARN, Options, Result)
 
 # verl's rollout names, from the engine descriptors (vocab.EngineSpec.rollout)
 ROLLOUT_NAMES = tuple(dict.fromkeys(p for e in ENGINE_SPECS for p in e.rollout))
@@ -16,7 +16,29 @@ MIXED_TYPES = {"reshard_after_forward"}
 
 
 def check_config(cfg: VerlConfig, opt: Options) -> list[Result]:
-    return [_unknown_keys(cfg), _unset(cfg), _value_types(cfg), _batches(cfg), _parallel(cfg)]
+    return [_unknown_keys(cfg), _unset(cfg), _value_types(cfg), _choices(cfg), _batches(cfg), _parallel(cfg)]
+
+
+def _choices(cfg: VerlConfig) -> Result:
+    """An enum-valued key set to a value verl's code does not accept (an advantage estimator it
+    does not register, a rollout its registry cannot select): verl stops at start-up with
+    "Unknown advantage estimator" or "Rollout ... not found"."""
+    if not cfg.choices:
+        return Result("config", "config.choices", SKIP, f"the accepted values were not recorded for {cfg.origin}")
+    bad, fixes = [], []
+    for key, c in sorted(cfg.choices.items()):
+        v = cfg.get(key)
+        if v is None or key in cfg.deleted or (isinstance(v, str) and v.startswith("???")):
+            continue  # unset: config.unset says it
+        if str(v) not in c["values"]:
+            bad.append(f"{key}={v} is not one {cfg.origin} accepts ({c['where']}: {', '.join(c['values'])})")
+            fixes.append(f"set {key} to one of {', '.join(c['values'])}")
+    if bad:
+        return Result("config", "config.choices", FAIL, "; ".join(bad),
+                      "; ".join(fixes) + " (a custom advantage estimator must be registered with "
+                      "verl.trainer.ppo.core_algos.register_adv_est before the trainer starts)")
+    return Result("config", "config.choices", PASS,
+                  f"{', '.join(sorted(cfg.choices))}: values {cfg.origin} accepts")
 
 
 A = "actor_rollout_ref."
@@ -82,7 +104,8 @@ def _unset(cfg: VerlConfig) -> Result:
         return Result("config", "config.unset", PASS, "every mandatory value (??? in verl's config) is set")
     fixes = []
     for key in missing:
-        choices = ROLLOUT_NAMES if key.endswith("rollout.name") else None
+        known = (cfg.choices.get(key) or {}).get("values")
+        choices = known or (ROLLOUT_NAMES if key.endswith("rollout.name") else None)
         fixes.append(f"set {key}=" + ("|".join(choices) if choices else "VALUE"))
     return Result("config", "config.unset", FAIL,
                   f"{len(missing)} mandatory value(s) unset (verl stops with MissingMandatoryValue): "

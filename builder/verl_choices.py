@@ -1,0 +1,76 @@
+"""The values verl accepts for its enum-valued keys, read from verl's own code (never a list of
+ours): `algorithm.adv_estimator` (the AdvantageEstimator enum and every register_adv_est("name")
+in trainer/ppo/core_algos.py) and `actor_rollout_ref.rollout.name` (the rollout registry, read as
+the verdict's registry check reads it: probe.scope.rollout_registry).
+
+For an installed verl they are read from its files; for a recorded release from
+matrix/verl_config/<release>.json (ci/record_verl_config.py writes them beside the config).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+from .probe.scope import rollout_registry
+
+ADV_KEY = "algorithm.adv_estimator"
+ROLLOUT_KEY = "actor_rollout_ref.rollout.name"
+CORE_ALGOS = "verl/trainer/ppo/core_algos.py"
+# The files choices_of_tree reads (the recorder extracts these from a wheel).
+SOURCES = (CORE_ALGOS, "verl/workers/rollout/base.py", "verl/workers/fsdp_workers.py")
+
+
+def choices_of_tree(root: str | Path) -> dict[str, dict]:
+    """{key: {"values": [...], "where": "file:line"}} from the verl source tree under `root` (the
+    folder holding verl/); a key whose source is not there is absent."""
+    out: dict[str, dict] = {}
+    adv = _advantage_estimators(Path(root) / CORE_ALGOS)
+    if adv:
+        out[ADV_KEY] = adv
+    reg = rollout_registry(str(Path(root) / "verl"))
+    if reg:
+        out[ROLLOUT_KEY] = {"values": list(reg["names"]), "where": reg["where"]}
+    return out
+
+
+def _advantage_estimators(path: Path) -> dict | None:
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    values, line = set(), None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == "AdvantageEstimator":
+            line = node.lineno
+            for st in node.body:
+                if isinstance(st, ast.Assign) and isinstance(st.value, ast.Constant) and isinstance(st.value.value, str):
+                    values.add(st.value.value)
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "register_adv_est":
+            for a in node.args[:1]:
+                if isinstance(a, ast.Constant) and isinstance(a.value, str):
+                    values.add(a.value)
+    if not values:
+        return None
+    return {"values": sorted(values), "where": f"{CORE_ALGOS}:{line or 1}"}
+
+
+def installed_choices() -> dict[str, dict]:
+    from importlib.util import find_spec
+
+    try:
+        spec = find_spec("verl")
+    except (ImportError, ValueError):
+        return {}
+    if spec is None or not spec.submodule_search_locations:
+        return {}
+    return choices_of_tree(Path(list(spec.submodule_search_locations)[0]).parent)
+
+
+def recorded_choices(path: str | Path) -> dict[str, dict]:
+    try:
+        got = json.loads(Path(path).read_text()).get("choices")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return got if isinstance(got, dict) else {}
