@@ -1,4 +1,5 @@
-"""Copies matrix/ and dockerfiles/ into the wheel as envbuild/_data (see envbuild.paths)."""
+"""Copies matrix/, dockerfiles/ and the nightly's step scripts (ci/nightly/) into the wheel as
+envbuild/_data (see envbuild.paths)."""
 
 import shutil
 from pathlib import Path
@@ -10,7 +11,7 @@ from setuptools.command.build_py import build_py
 class BuildPyWithData(build_py):
     def run(self):
         super().run()
-        for name in ("matrix", "dockerfiles"):
+        for name in ("matrix", "dockerfiles", "ci/nightly"):
             dst = Path(self.build_lib) / "envbuild" / "_data" / name
             if dst.exists():
                 shutil.rmtree(dst)

@@ -424,3 +424,25 @@ def test_a_workflow_for_a_team_repository(tmp_path, run_cli):
     bare.mkdir()
     q = run_cli("ci", "github", cwd=bare)
     assert q.returncode == 2 and "no matrix there" in q.stderr and not (bare / ".github").exists()
+
+
+def test_every_nightly_step_script_is_a_step_and_passes_shellcheck(tmp_path):
+    """Issue 51: the workflow's shell steps are files (ci/nightly/), checked as they are: each one
+    is the `run:` of a step of the committed workflow, and shellcheck passes on it (the *.j2 ones
+    rendered with a matrix option first)."""
+    from envbuild.workflow import NIGHTLY_SCRIPTS, _script
+
+    assert shutil.which("shellcheck"), "shellcheck is not installed (ci/test.sh installs it)"
+    wf = yaml.safe_load(WORKFLOW.read_text())
+    runs = {s.get("run") for job in wf["jobs"].values() for s in job.get("steps", [])}
+    folder = ROOT / NIGHTLY_SCRIPTS
+    scripts = sorted(p.name for p in folder.iterdir() if p.name.endswith((".sh", ".sh.j2")))
+    assert len(scripts) >= 13
+    for name in scripts:
+        committed = _script(name, mx=" --matrix matrix/verl.yaml")  # as the committed one was made
+        assert committed in runs, f"{name} is no step's run of the committed workflow"
+        text = _script(name, mx=" --matrix matrix/team.yaml")
+        f = tmp_path / name.removesuffix(".j2")
+        f.write_text("#!/usr/bin/env bash\n" + text)
+        p = subprocess.run(["shellcheck", "-S", "warning", str(f)], capture_output=True, text=True)
+        assert p.returncode == 0, f"{name}:\n{p.stdout}"

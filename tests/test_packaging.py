@@ -53,6 +53,15 @@ def test_sdist_builds_a_wheel_that_runs_in_a_venv_without_pip(tmp_path):
                          capture_output=True, text=True, cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr
     assert '"torch": "2.6.0"' in out.stdout and "Traceback" not in out.stderr
+    # the nightly's step scripts ship in the wheel: `ci github` writes a workflow from an install
+    # (in a repository holding a matrix, as a team's does)
+    (tmp_path / "matrix").mkdir()
+    (tmp_path / "matrix" / "verl.yaml").write_bytes((site / "_data" / "matrix" / "verl.yaml").read_bytes())
+    out = subprocess.run([str(venv / "bin" / "envbuild"), "ci", "github", "--out", str(tmp_path / "gh"),
+                          "--install", "envbuild-1.0-py3-none-any.whl#sha256=" + "0" * 64], capture_output=True,
+                         text=True, cwd=tmp_path, env=env)
+    assert out.returncode == 0 and "envbuild ci earlier" in (tmp_path / "gh" / "workflows" / "envbuild-nightly.yml").read_text(), \
+        out.stderr[-2000:]
     # state goes to the user's dirs, never into the installed package
     out = subprocess.run([str(venv / "bin" / "envbuild"), "plan", "--cuda", "cu124", "--vllm", "0.8.4", "--verl", "0.4.1",
                           "--refresh-metadata"], capture_output=True, text=True, cwd=tmp_path, env=env)

@@ -1,0 +1,6 @@
+set -euo pipefail
+umask 077
+key="$RUNNER_TEMP/envbuild.key"
+trap 'rm -f "$key"' EXIT
+printf '%s\n' "$ENVBUILD_SIGNING_KEY" > "$key"
+envbuild publish --results results --key "$key" --out table

@@ -1,0 +1,2 @@
+set -euo pipefail
+echo "host=${ENVBUILD_REPOSITORY%%/*}" >> "$GITHUB_OUTPUT"
