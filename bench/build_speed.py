@@ -252,7 +252,7 @@ def torch_pair(engine, m, meta, base_ref, args, work, images, ca) -> dict:
     import dataclasses
 
     from envbuild.values import Base
-    from envbuild.index import default_index_url
+    from envbuild.index_config import default_index_url
     from envbuild.lock import Locker
     from envbuild.matrix import Selectors, plan
     from envbuild.render import render_combo

@@ -52,7 +52,7 @@ def main(argv=None) -> int:
 
     from envbuild.base import bootstrap
     from envbuild.docker import detect
-    from envbuild.index import uv_exe
+    from envbuild.index_config import uv_exe
 
     engine = detect()
     base = bootstrap(engine, log=lambda s: print(s, file=sys.stderr))

@@ -67,7 +67,7 @@ def _reaches(text: str, root: str) -> set[str]:
 
 
 def survey_one(locker, c) -> dict:
-    from envbuild.index import torch_source
+    from envbuild.index_config import torch_source
     from envbuild.lockfile import parse_lock
     from envbuild.probe.vocab import ENGINE, dist_of, platform_machine
 

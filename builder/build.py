@@ -22,7 +22,8 @@ from .base import bootstrap, resolve_base
 from .docker import detect
 from .errors import EnvbuildError, InfraError, InputError
 from .image import REPOSITORY_ENV, add_repository_arg, repository_from_args
-from .index import Metadata, default_index_url, pytorch_root
+from .index import Metadata
+from .index_config import default_index_url, pytorch_root
 from .lock import Locker
 from .matrix import matrix_from_args, plan_from_args
 from .outcome import exit_of_records

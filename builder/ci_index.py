@@ -6,7 +6,7 @@ index). The nightly's build step exports it as the bake file's torch-index secre
 from __future__ import annotations
 
 from .errors import InputError
-from .index import pytorch_root, torch_index_url
+from .index_config import pytorch_root, torch_index_url
 from .matrix import matrix_from_args
 from .probe.vocab import parse_variant
 

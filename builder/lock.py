@@ -50,7 +50,8 @@ from .fsutil import write_atomic, write_json_atomic
 from .backtrack import STALE_YEARS, admitted_floor, stale_pins
 from .lockfile import dependents_of, layer_text, parse_lock, text_of
 from .outcome import LOCK_OK, LOCK_VERDICTS
-from .index import Metadata, TorchSource, check_reachable, redact, torch_source
+from .index import Metadata, check_reachable
+from .index_config import TorchSource, redact, torch_source
 from .uvcompile import (FILTERED_RE, PINNED_BY_RE, YANKED_RE, compile_requirements, name_re, unreachable_hint,
                         uv_version)
 from .matrix import Matrix

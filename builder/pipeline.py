@@ -39,7 +39,7 @@ from .buildlog import StepTracker, classify, failure_detail
 from .errors import EnvbuildError, InfraError
 from .fsutil import write_atomic
 from .image import build_labels
-from .index import torch_index_url
+from .index_config import torch_index_url
 from .outcome import Verdict, lock_record_status, record_status
 from .probe_exec import expect_of
 from .probe_run import Target, VerdictCache, probe_levels

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from .errors import InfraError
-from .index import default_index_url, redact, uv_exe
+from .index_config import default_index_url, redact, uv_exe
 
 # uv's messages -> our classes. An unreachable index is infrastructure, never a verdict.
 _NET_RE = re.compile(r"(error sending request|Could not connect|connection (refused|reset)|dns error|"

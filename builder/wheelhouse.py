@@ -30,7 +30,8 @@ from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel
 from .errors import InfraError, InputError
 from .progress import Heartbeat
 from .fsutil import write_atomic, write_json_atomic
-from .index import Metadata, _open, redact, torch_source
+from .index import Metadata, _open
+from .index_config import redact, torch_source
 from .lock import Locker, ordered_wheel_tags
 from .lockfile import text_of, pins_of
 from .probe.vocab import DEFAULT_PLATFORM, host_platform

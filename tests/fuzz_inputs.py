@@ -241,7 +241,7 @@ def run_inprocess(argv: list[str], root: Path, max_seconds: float) -> Outcome:
     """envbuild.cli.main(argv) in this process, cwd and caches in `root`, a SIGALRM deadline and an
     audit hook that records every write outside `root`."""
     from envbuild.cli import main
-    from envbuild.index import default_index_url
+    from envbuild.index_config import default_index_url
 
     env = sandbox_env(root)
     saved_env = {k: os.environ.get(k) for k in env}

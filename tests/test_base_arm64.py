@@ -293,7 +293,7 @@ def test_the_probe_env_level_runs_an_arm64_image_under_emulation(engine, arm_bas
 
     ctx = tmp_path / "ctx"
     (ctx / "w").mkdir(parents=True)
-    from envbuild.index import default_index_url, uv_exe
+    from envbuild.index_config import default_index_url, uv_exe
 
     # pip evaluates markers for this machine even with --platform: uv resolves for aarch64, pip fetches.
     p = subprocess.run([uv_exe(), "pip", "compile", "-", "--python-platform", "aarch64-manylinux_2_28",

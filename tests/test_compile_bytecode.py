@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.index import uv_exe
+from envbuild.index_config import uv_exe
 from envbuild.paths import templates_dir
 from test_settle_overlaps import wheel
 

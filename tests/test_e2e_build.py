@@ -150,7 +150,7 @@ def test_build_push_pull_and_no_secret_in_layers(services, base, tmp_path):
     # the CA bundle the build gets: the host's (the proxy needs it) plus a marker line PEM parsers skip
     bundle = tmp_path / "ca-bundle.pem"
     bundle.write_bytes(host_bundle.read_bytes() + f"\n# {marker}\n".encode())
-    from envbuild.index import default_index_url
+    from envbuild.index_config import default_index_url
 
     idx = default_index_url()
     assert "@" not in idx, "this test adds its own credentials to the configured index URL"

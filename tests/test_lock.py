@@ -44,7 +44,7 @@ def test_via_comments_name_who_depends_on_each_pin():
 def test_verl_comes_with_its_runtime_extra_where_the_release_declares_one(tmp_path):
     """verl 0.9 moved what its default trainer imports at start-up (TransferQueue, cachetools)
     into [verl-core]; without it `main_ppo` stops at `import transfer_queue` on the GPU."""
-    from envbuild.index import TorchSource
+    from envbuild.index_config import TorchSource
     from envbuild.values import Combo
 
     rel = {"requires_python": "", "released": "2026-09-20T00:00:00Z", "requires_dist": []}
@@ -72,7 +72,7 @@ def combo(**sel):
 
 
 def test_non_default_variant_comes_from_the_public_pytorch_index(monkeypatch):
-    from envbuild.index import PYTORCH_INDEX_DEFAULT, torch_source
+    from envbuild.index_config import PYTORCH_INDEX_DEFAULT, torch_source
 
     monkeypatch.delenv("ENVBUILD_PYTORCH_INDEX", raising=False)
     meta = Metadata(online=False)

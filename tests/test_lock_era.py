@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from envbuild import index as indexmod
-from envbuild.index import Metadata, TorchSource
+from envbuild import index_config as indexmod
+from envbuild.index import Metadata
+from envbuild.index_config import TorchSource
 from envbuild.lock import Locker, exact_pins, explain, split_layers
 from envbuild.lockfile import parse_lock
 from envbuild.matrix import load_matrix

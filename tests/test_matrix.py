@@ -344,7 +344,7 @@ def test_yamlsafe_bounds_are_parameters(tmp_path):
                                  "https://h.example/$HOME", "ftp://h.example/whl", "h.example/whl", "https:///whl",
                                  "https://u:p'w@h.example/", "https://[::1/whl"])
 def test_pytorch_index_must_be_a_plain_url(monkeypatch, url, capsys):
-    from envbuild.index import PYTORCH_INDEX_ENV, pytorch_index_root, torch_index_url
+    from envbuild.index_config import PYTORCH_INDEX_ENV, pytorch_index_root, torch_index_url
 
     monkeypatch.setenv(PYTORCH_INDEX_ENV, url)
     with pytest.raises(InputError) as ei:
@@ -356,7 +356,7 @@ def test_pytorch_index_must_be_a_plain_url(monkeypatch, url, capsys):
 
 
 def test_index_urls_read_from_the_environment_are_checked(monkeypatch):
-    from envbuild.index import default_index_url, pytorch_index_root
+    from envbuild.index_config import default_index_url, pytorch_index_root
 
     monkeypatch.setenv("ENVBUILD_PYTORCH_INDEX", "https://user:t%40k@h.example:8443/whl/")
     assert pytorch_index_root() == "https://user:t%40k@h.example:8443/whl"

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _uv() -> str:
-    from envbuild.index import uv_exe  # the uv envbuild itself runs (a dependency)
+    from envbuild.index_config import uv_exe  # the uv envbuild itself runs (a dependency)
 
     return uv_exe()
 

@@ -233,7 +233,7 @@ def test_a_native_client_reaches_the_index_unless_the_probe_is_isolated(broken_s
     """The same import, fetching from a host this machine reaches (the configured package index):
     on the host's network it passes and nobody learns it needs the network; in the probe's network
     namespace it is needs-network. Only the namespace makes the caveat independent of the host."""
-    from envbuild.index import default_index_url
+    from envbuild.index_config import default_index_url
     from envbuild.probe_exec import _netns_works, probe_here
     if not (_netns_works() and shutil.which("curl")):
         pytest.skip("no unprivileged network namespace or no curl here")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from envbuild import index as indexmod
+from envbuild import index_config as indexmod
 from envbuild.errors import InputError
 from envbuild.matrix import load_matrix
 from envbuild.paths import default_matrix
@@ -74,7 +74,7 @@ def test_nothing_configured_asks_uv_and_never_imports_pip(clean_env):
             "    assert not name.startswith('pip'), name\n"
             "    return real(name, *a, **k)\n"
             "builtins.__import__ = guard\n"
-            "from envbuild.index import default_index_url; print(default_index_url())")
+            "from envbuild.index_config import default_index_url; print(default_index_url())")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip().startswith("https://") and p.stdout.strip().endswith("/simple")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.index import uv_exe
+from envbuild.index_config import uv_exe
 from envbuild.paths import templates_dir
 
 HELPER = templates_dir() / "settle-overlaps.py"

@@ -15,7 +15,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from envbuild.index import uv_exe
+from envbuild.index_config import uv_exe
 from envbuild.paths import templates_dir
 from test_settle_overlaps import wheel
 
