@@ -16,7 +16,7 @@ import datetime as dt
 import tomllib
 
 from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
+from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from .errors import EnvbuildError, InfraError
@@ -73,19 +73,7 @@ def admitted_floor(name: str, deps: list[str], full: dict, when: str, meta: Meta
 def releases_between(meta: Metadata, name: str, start: str, end: str) -> list[Version]:
     """Final releases of `name` first uploaded in [start, end), oldest first."""
     try:
-        files = meta.files(name)
+        first = meta.first_uploads(name)
     except InfraError:
         return []
-    first: dict[Version, str] = {}
-    for f in files:
-        t = str(f.get("upload-time") or "")[:10]
-        if f.get("yanked") or not t:
-            continue
-        try:
-            fn = f["filename"]
-            v = parse_wheel_filename(fn)[1] if fn.endswith(".whl") else parse_sdist_filename(fn)[1]
-        except Exception:  # noqa: BLE001 - foreign file names are skipped
-            continue
-        if not (v.is_prerelease or v.is_devrelease):
-            first[v] = min(t, first.get(v, t))
-    return sorted(v for v, t in first.items() if start <= t < end)
+    return sorted(v for v, t in first.items() if t and start <= t < end and not (v.is_prerelease or v.is_devrelease))

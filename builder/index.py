@@ -211,6 +211,19 @@ def wheel_machines(filenames) -> list[str]:
     return sorted(out)
 
 
+def file_version(filename: object):
+    """The release (a packaging Version) a wheel's or sdist's file name names; None for a name of
+    another shape (a foreign file on an index page is skipped, never trusted)."""
+    from packaging.utils import parse_sdist_filename, parse_wheel_filename
+
+    if not isinstance(filename, str):
+        return None
+    try:
+        return parse_wheel_filename(filename)[1] if filename.endswith(".whl") else parse_sdist_filename(filename)[1]
+    except Exception:  # noqa: BLE001 - InvalidWheelFilename, InvalidSdistFilename, InvalidVersion
+        return None
+
+
 class Metadata:
     """Answers metadata questions for the planner and the locker.
 
@@ -260,19 +273,19 @@ class Metadata:
         return self._files[key]
 
     def versions(self, name: str) -> list[str]:
-        from packaging.utils import parse_wheel_filename, parse_sdist_filename
+        return [str(v) for v in sorted(self.first_uploads(name))]
 
-        vs = set()
+    def first_uploads(self, name: str) -> dict:
+        """{Version: the day its first file was uploaded ("" when the index does not say)} of
+        every release with a file that is not yanked."""
+        out: dict = {}
         for f in self.files(name):
-            if f.get("yanked"):
+            v = file_version(f.get("filename"))
+            if v is None or f.get("yanked"):
                 continue
-            try:
-                fn = f["filename"]
-                v = parse_wheel_filename(fn)[1] if fn.endswith(".whl") else parse_sdist_filename(fn)[1]
-            except Exception:  # noqa: BLE001 - foreign file names are skipped
-                continue
-            vs.add(v)
-        return [str(v) for v in sorted(vs)]  # vs holds Version objects already
+            t = str(f.get("upload-time") or "")[:10]
+            out[v] = min(t, out[v]) if out.get(v) and t else (t or out.get(v, ""))
+        return out
 
     def get(self, name: str, version: str) -> dict:
         key = f"{_norm(name)}=={version}"
@@ -299,20 +312,10 @@ class Metadata:
 
     def _release_files(self, name: str, version: str) -> list[dict]:
         """The index's files (wheels and sdists, not yanked) of one release."""
-        from packaging.utils import parse_wheel_filename, parse_sdist_filename
         from packaging.version import Version
 
         want = Version(version)
-        files = []
-        for f in self.files(name):
-            fn = f["filename"]
-            try:
-                v = parse_wheel_filename(fn)[1] if fn.endswith(".whl") else parse_sdist_filename(fn)[1]
-            except Exception:  # noqa: BLE001 - foreign file names are skipped
-                continue
-            if v == want and not f.get("yanked"):
-                files.append(f)
-        return files
+        return [f for f in self.files(name) if not f.get("yanked") and file_version(f.get("filename")) == want]
 
     def _fetch(self, name: str, version: str) -> dict:
         files = self._release_files(name, version)
