@@ -26,6 +26,7 @@ import json
 import os
 import re
 import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -44,6 +45,10 @@ EXCERPT_LINES = 40  # the tail of the failure detail: where the error is
 API_VERSION = "2022-11-28"
 MAX_PAGES = 50  # 5,000 issues at 100 a page: more is a server that never ends its Link chain
 MAX_RESPONSE_BYTES = 16 << 20
+DEADLINE_S = 600  # the whole run: a server that answers slowly cannot hold the nightly
+MAX_RETRY_WAIT_S = 60  # the longest Retry-After notify honours (GitHub's secondary rate limit)
+MAX_RETRIES = 3
+ACTIONS_BOT = "github-actions[bot]"  # who GITHUB_TOKEN's issues are by (its /user is refused)
 
 
 # ---------------------------------------------------------------- the GitHub REST API
@@ -65,10 +70,25 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 class GitHub:
     """The few issue endpoints notify needs (docs.github.com/rest/issues)."""
 
-    def __init__(self, api: str, repo: str, token: str, timeout: float = 30):
+    def __init__(self, api: str, repo: str, token: str, timeout: float = 30, deadline_s: float = DEADLINE_S,
+                 sleep=time.sleep):
         self.api, self.repo, self.token, self.timeout = api.rstrip("/"), repo, token, timeout
         self.origin = _origin(self.api)
         self._opener = urllib.request.build_opener(_NoRedirect())
+        self.deadline_s, self._end = deadline_s, time.monotonic() + deadline_s
+        self._sleep = sleep
+
+    def identity(self) -> str | None:
+        """The login the token acts as (GET /user); None where the API refuses to say (a
+        GITHUB_TOKEN in Actions)."""
+        try:
+            me, _ = self._call("GET", f"{self.api}/user")
+        except _HTTPStatus as e:
+            if e.code in (403, 404):
+                return None
+            raise
+        login = me.get("login") if isinstance(me, dict) else None
+        return login if isinstance(login, str) and login else None
 
     def _url(self, path: str) -> str:
         if not path.startswith(("http://", "https://")):
@@ -78,7 +98,26 @@ class GitHub:
         return path
 
     def _call(self, method: str, path: str, body: dict | None = None) -> tuple[object, dict]:
+        """One request within the run's deadline; a rate-limited answer (429, or 403 with
+        Retry-After) is retried after the wait it asks for, bounded by MAX_RETRY_WAIT_S and the
+        deadline."""
+        for attempt in range(MAX_RETRIES + 1):
+            try:
+                return self._call_once(method, path, body)
+            except _RateLimited as e:
+                left = self._end - time.monotonic()
+                if attempt == MAX_RETRIES or e.wait > MAX_RETRY_WAIT_S or e.wait >= left:
+                    raise InfraError("github-api", f"{method} {e.url}: rate-limited, Retry-After {e.wait:.0f} s "
+                                     f"(notify waits at most {MAX_RETRY_WAIT_S} s, {max(left, 0):.0f} s left of "
+                                     f"its {self.deadline_s:.0f} s deadline)") from None
+                self._sleep(e.wait)
+        raise AssertionError("unreachable")
+
+    def _call_once(self, method: str, path: str, body: dict | None = None) -> tuple[object, dict]:
         url = self._url(path)
+        left = self._end - time.monotonic()
+        if left <= 0:
+            raise InfraError("github-api", f"{method} {url}: notify's deadline of {self.deadline_s:.0f} s passed")
         req = urllib.request.Request(url, method=method, data=json.dumps(body).encode() if body is not None else None,
                                      headers={"Accept": "application/vnd.github+json",
                                               "Authorization": f"Bearer {self.token}",
@@ -86,14 +125,17 @@ class GitHub:
                                               "Content-Type": "application/json",
                                               "User-Agent": "envbuild-notify"})
         try:
-            with self._opener.open(req, timeout=self.timeout) as r:
+            with self._opener.open(req, timeout=min(self.timeout, left)) as r:
                 raw = r.read(MAX_RESPONSE_BYTES + 1)
                 if len(raw) > MAX_RESPONSE_BYTES:
                     raise InfraError("github-api", f"{method} {url}: a response over {MAX_RESPONSE_BYTES} bytes")
                 return (json.loads(raw) if raw else None), dict(r.headers)
         except urllib.error.HTTPError as e:
+            wait = _retry_after(e)
+            if wait is not None:
+                raise _RateLimited(url, wait) from None
             msg = e.read(300).decode(errors="replace")
-            raise InfraError("github-api", f"{method} {url}: HTTP {e.code} {msg}") from None
+            raise _HTTPStatus(e.code, f"{method} {url}: HTTP {e.code} {msg}") from None
         except (urllib.error.URLError, OSError, ValueError, RecursionError) as e:
             # ValueError: bad JSON, and http.client's own (bad status line, headers) are OSErrors or ValueErrors
             raise InfraError("github-api", f"{method} {url}: {type(e).__name__}: {str(e)[:200]}") from None
@@ -132,6 +174,33 @@ class GitHub:
         self._call("POST", f"/issues/{number}/comments", {"body": body})
 
 
+class _HTTPStatus(InfraError):
+    """The API answered with an error status (infrastructure to the caller: exit 3)."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__("github-api", message)
+        self.code = code
+
+
+class _RateLimited(Exception):
+    def __init__(self, url: str, wait: float):
+        super().__init__(url)
+        self.url, self.wait = url, wait
+
+
+def _retry_after(e: urllib.error.HTTPError) -> float | None:
+    """Seconds a 429 / 403-with-Retry-After asks to wait (None: not a rate limit)."""
+    if e.code not in (403, 429):
+        return None
+    raw = (e.headers or {}).get("Retry-After")
+    if raw is None:
+        return 60.0 if e.code == 429 else None
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        return 60.0
+
+
 def _issue(i: object) -> dict | None:
     """An issue as the API documents it, or None for anything else (a pull request, a stray shape)."""
     if not isinstance(i, dict) or "pull_request" in i:
@@ -139,9 +208,10 @@ def _issue(i: object) -> dict | None:
     n, state = i.get("number"), i.get("state")
     if not isinstance(n, int) or isinstance(n, bool) or state not in ("open", "closed"):
         return None
-    title, body = i.get("title"), i.get("body")
+    title, body, user = i.get("title"), i.get("body"), i.get("user")
+    author = user.get("login") if isinstance(user, dict) else None
     return {"number": n, "state": state, "title": title if isinstance(title, str) else "",
-            "body": body if isinstance(body, str) else ""}
+            "body": body if isinstance(body, str) else "", "author": author if isinstance(author, str) else None}
 
 
 def _number(d: object, what: str) -> dict:
@@ -280,12 +350,17 @@ def plan_actions(old: Table, new: Table) -> dict[str, str]:
 
 
 def notify(gh: GitHub, old: Table, new: Table, run_url: str | None = None, table_url: str | None = None,
-           max_new: int = 30) -> list[Action]:
+           max_new: int = 30, author: str | None = None) -> list[Action]:
+    """Open, update and close the issues of `new` against `old`. Only issues opened by `author`
+    (the identity notify runs as) are its own: an issue someone else wrote with envbuild's marker
+    in it is never edited, reopened or closed."""
     todo = plan_actions(old, new)
     rows_old = {r.id: r for r in old.rows}
     rows_new = {r.id: r for r in new.rows}
     mine: dict[str, dict] = {}
     for issue in sorted(gh.issues(), key=lambda i: i["number"]):
+        if author is not None and issue.get("author") != author:
+            continue
         m = _MARKER_RE.search(issue["body"])
         if m and (m.group(1) not in mine or issue["state"] == "open"):
             mine[m.group(1)] = issue  # an open one wins over an older closed one
@@ -347,6 +422,11 @@ def add_arguments(p) -> None:
     p.add_argument("--insecure", action="store_true", help="skip signature checks (never in CI)")
     p.add_argument("--table-url", help="where the table is published (linked from the issues)")
     p.add_argument("--max-new", type=int, default=30, help="open at most this many new issues per run (default 30)")
+    p.add_argument("--author", metavar="LOGIN",
+                   help="the identity notify runs as: only its own issues are touched (default: the token's "
+                        f"login, else {ACTIONS_BOT} inside GitHub Actions)")
+    p.add_argument("--deadline", type=float, default=DEADLINE_S, metavar="S",
+                   help=f"give up (exit 3) after this many seconds in all (default {DEADLINE_S})")
 
 
 def run(args) -> int:
@@ -363,11 +443,16 @@ def run(args) -> int:
     # OLD is old by design (diff's rule): its signature is checked, not its freshness.
     old = load_verified(args.old, args.pubkey, insecure=args.insecure, quiet=True, fresh=False)[0] \
         if args.old else Table(rows=[])
-    gh = GitHub(env.get("GITHUB_API_URL") or "https://api.github.com", env["GITHUB_REPOSITORY"], env["GITHUB_TOKEN"])
+    gh = GitHub(env.get("GITHUB_API_URL") or "https://api.github.com", env["GITHUB_REPOSITORY"], env["GITHUB_TOKEN"],
+                deadline_s=args.deadline)
+    author = args.author or gh.identity() or (ACTIONS_BOT if env.get("GITHUB_ACTIONS") == "true" else None)
+    if author is None:
+        raise UsageError("ci notify: cannot tell which identity the token acts as (GET /user refused): pass "
+                         "--author LOGIN, the account whose issues notify may touch")
     run_url = None
     if env.get("GITHUB_RUN_ID"):
         run_url = f"{env.get('GITHUB_SERVER_URL') or 'https://github.com'}/{env['GITHUB_REPOSITORY']}/actions/runs/{env['GITHUB_RUN_ID']}"
-    actions = notify(gh, old, new, run_url, args.table_url, args.max_new)
+    actions = notify(gh, old, new, run_url, args.table_url, args.max_new, author)
     bad = regressed(old, new)
     for a in actions:
         print(f"#{a.number} {a.kind}: {a.id}")

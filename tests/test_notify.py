@@ -29,7 +29,8 @@ class FakeGitHub:
     """The issue endpoints notify uses, with GitHub's shapes: list (labels/state filters,
     Link pagination of 2 per page), create, update, comment. Records every call."""
 
-    def __init__(self):
+    def __init__(self, login: str | None = "envbuild-bot"):
+        self.login = login  # what GET /user answers (None: refused, as for a GITHUB_TOKEN)
         self.issues: dict[int, dict] = {}
         self.comments: dict[int, list[str]] = {}
         self.calls: list[tuple[str, str]] = []
@@ -60,6 +61,9 @@ class FakeGitHub:
                     return self._send(401, {"message": "Bad credentials"})
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"null")
                 base = f"/repos/{REPO}/issues"
+                if method == "GET" and u.path == "/user":
+                    return self._send(200, {"login": fake.login}) if fake.login else self._send(
+                        403, {"message": "Resource not accessible by integration"})
                 if method == "GET" and u.path == base:
                     q = dict(urllib.parse.parse_qsl(u.query))
                     items = [i for i in sorted(fake.issues.values(), key=lambda i: i["number"])
@@ -74,7 +78,8 @@ class FakeGitHub:
                 if method == "POST" and u.path == base:
                     n = max(fake.issues, default=0) + 1
                     fake.issues[n] = {"number": n, "title": body["title"], "body": body["body"], "state": "open",
-                                      "labels": [{"name": x} for x in body.get("labels", [])]}
+                                      "labels": [{"name": x} for x in body.get("labels", [])],
+                                      "user": {"login": fake.login or "github-actions[bot]"}}
                     return self._send(201, fake.issues[n])
                 m = re.fullmatch(rf"{base}/(\d+)(/comments)?", u.path)
                 if m and int(m.group(1)) in fake.issues:
@@ -168,7 +173,7 @@ def test_notify_opens_updates_and_closes(tmp_path, gh, run_cli, monkeypatch):
     # are on the second page of the listing (oldest first, 2 per page): found through Link.
     n_issues, n_calls, n_gets = len(gh.issues), len([c for c in gh.calls if c[0] != "GET"]), len(gh.calls)
     p = notify(night1, night2)
-    assert len([c for c in gh.calls[n_gets:] if c[0] == "GET"]) == 2
+    assert [c for c in gh.calls[n_gets:] if c[0] == "GET"] == [("GET", "/user")] + [("GET", f"/repos/{REPO}/issues")] * 2
     assert p.returncode == 1 and len(gh.issues) == n_issues
     assert len([c for c in gh.calls if c[0] != "GET"]) == n_calls and "no issue to open" in p.stdout
 
@@ -261,3 +266,52 @@ def test_a_night_s_first_table_does_not_close_a_gpu_failure_it_has_not_judged(tm
     p = notify(with_gpu, fixed)
     assert p.returncode == 0 and gh.issues[issue["number"]]["state"] == "closed", p.stdout + p.stderr
     assert any("Fixed" in c and "up to gpu" in c for c in gh.comments[issue["number"]])
+
+
+def test_notify_touches_only_its_own_issues_and_keeps_its_deadline(tmp_path, gh, run_cli, monkeypatch):
+    """Issue 49, item 6: an issue someone else opened with envbuild's marker in its body is never
+    edited or closed; a server that rate-limits is waited for once within bounds; the whole run
+    has a deadline."""
+    import time as _time
+    from envbuild.errors import InfraError
+    from envbuild.notify import GitHub, notify as notify_fn
+    from envbuild.row import Table
+
+    monkeypatch.setenv("ENVBUILD_STATE", str(tmp_path / "state"))
+    priv, pub, _ = write_keypair(tmp_path / "keys")
+    night = table(tmp_path, "n", priv, [rec(A, {"env": verdict("fail", "pip-check")}, img=image(A), status="fail", run=1)])
+    from envbuild.trust import load_verified
+    new = load_verified(night, pub, quiet=True)[0]
+    marker = f"<!-- envbuild:combination={A['id']} -->"
+    gh.issues[7] = {"number": 7, "title": "envbuild: planted", "body": f"mine now {marker}", "state": "closed",
+                    "labels": [{"name": "envbuild"}], "user": {"login": "mallory"}}
+    client = GitHub(gh.url, REPO, TOKEN)
+    acts = notify_fn(client, Table(rows=[]), new, author="envbuild-bot")
+    assert [a.kind for a in acts] == ["opened"] and gh.issues[7]["state"] == "closed" and 7 not in gh.comments
+    assert gh.issues[acts[0].number]["user"]["login"] == "envbuild-bot"
+    # the deadline: nothing is asked once it has passed
+    late = GitHub(gh.url, REPO, TOKEN, deadline_s=0.01)
+    _time.sleep(0.05)
+    with pytest.raises(InfraError, match="deadline of 0 s passed"):
+        late.issues()
+
+
+def test_a_rate_limited_answer_is_waited_for_within_bounds():
+    from envbuild.errors import InfraError
+    from envbuild.notify import MAX_RETRY_WAIT_S, GitHub, _RateLimited
+
+    slept = []
+    g = GitHub("https://api.example", REPO, TOKEN, sleep=slept.append)
+    answers = [_RateLimited("u", 2.0), ([], {})]
+
+    def once(method, path, body=None):
+        a = answers.pop(0)
+        if isinstance(a, Exception):
+            raise a
+        return a
+    g._call_once = once
+    assert g._call("GET", "/issues") == ([], {}) and slept == [2.0]
+    g._call_once = lambda *a, **k: (_ for _ in ()).throw(_RateLimited("u", MAX_RETRY_WAIT_S + 1))
+    with pytest.raises(InfraError, match="rate-limited, Retry-After"):
+        g._call("GET", "/issues")
+    assert slept == [2.0]  # a wait beyond the bound is not waited
