@@ -51,6 +51,7 @@ def run(args) -> int:
     reader, loc = info["reader"], info["location"]
     digest = table.files.get(RECORDS_ARCHIVE)
     if digest is None:
+        info["commit"]()
         print(f"The last table at {src} (serial {table.serial}) lists no records (an older envbuild published it): "
               "the table holds tonight's results only.")
         return 0
@@ -61,6 +62,7 @@ def run(args) -> int:
     if hashlib.sha256(data).hexdigest() != digest:
         raise TrustError(f"{where}: sha256 differs from the one the signed table lists (tampered?)")
     got = unpack(data, args.out, where, accept=lambda rel: bool(_RECORD.fullmatch(rel)))
+    info["commit"]()  # the table and its archive passed: only now remembered
     print(f"Earlier results: {len(got)} records from {src} (its signed table, serial {table.serial}, "
           f"key {info['keyid'][:16]}…)")
     if args.history:
@@ -73,7 +75,7 @@ def run(args) -> int:
 def _verified(src: str, pub):
     """(table, info) of the last night, or (None, None) when nothing is published there yet."""
     try:
-        return load_verified(src, pubkey=pub, quiet=True)
+        return load_verified(src, pubkey=pub, quiet=True, defer=True)
     except InputError as e:
         if "no signed table" in str(e) and "unsigned" not in str(e):
             return None, None

@@ -319,8 +319,12 @@ def _resolve_key(pubkey, loc: Location, reader: Reader, cfg: Config, store: Trus
 
 def load_verified(src: str | os.PathLike | None = None, pubkey=None, insecure: bool = False,
                   quiet: bool = False, allow_rollback: bool = False, fresh: bool = True,
-                  ca: str | None = None, allow_legacy: bool = False) -> tuple[Table, dict]:
+                  ca: str | None = None, allow_legacy: bool = False, defer: bool = False) -> tuple[Table, dict]:
     """(table, info) after verification; info says what was checked (keyid, how the key was chosen).
+
+    What a reader remembers of a table (the key pinned on first use, the highest serial seen) is
+    written only once the table passed every check: defer=True leaves it to info["commit"](), for
+    a caller with checks of its own (verify's file list), so that a failing table pins nothing.
 
     fresh=False skips expiry and rollback (diff's OLD table is old by design); allow_rollback
     reads an expired or rolled-back table with a warning (forensics).
@@ -376,15 +380,24 @@ def load_verified(src: str | os.PathLike | None = None, pubkey=None, insecure: b
         raise TrustError(f"{loc.envelope}: table {_label(table)} is not the table {pinned['table_id']} pinned "
                          f"for {loc.identity} (another table signed by the same key served here?); "
                          "--allow-rollback reads it anyway")
-    if fresh:
-        check_fresh(table, k.key.keyid, loc.envelope, store, allow_rollback, quiet)
-    if k.pin_after or (pinned and not pinned.get("table_id") and table.table_id):
-        store.pin(loc.identity, {**k.key.to_dict(), "table_id": table.table_id})
-    if k.pin_after:
-        print(f"envbuild: FIRST USE of the table at {loc.identity}: trusting its key {k.key.keyid} from now on "
-              f"(pinned in {store.path}). Check this keyid with the table's publisher; pass --pubkey or configure "
-              "`pubkey` to trust a key you obtained separately.", file=sys.stderr)
+    remember = check_fresh(table, k.key.keyid, loc.envelope, store, allow_rollback, quiet, record=False) \
+        if fresh else None
+
+    def commit() -> None:
+        if remember is not None:
+            remember()
+        if k.pin_after or (pinned and not pinned.get("table_id") and table.table_id):
+            store.pin(loc.identity, {**k.key.to_dict(), "table_id": table.table_id})
+        if k.pin_after:
+            print(f"envbuild: FIRST USE of the table at {loc.identity}: trusting its key {k.key.keyid} from now on "
+                  f"(pinned in {store.path}). Check this keyid with the table's publisher; pass --pubkey or "
+                  "configure `pubkey` to trust a key you obtained separately.", file=sys.stderr)
+
     info.update(keyid=k.key.keyid, verified=True, key=k.how, public_key=k.key)
+    if defer:
+        info["commit"] = commit
+    else:
+        commit()
     return table, info
 
 
@@ -392,8 +405,10 @@ def _label(table: Table) -> str:
     return f"{table.name!r} ({table.table_id})" if table.name else str(table.table_id)
 
 
-def check_fresh(table: Table, keyid: str, where: str, store: TrustStore, allow_rollback: bool, quiet: bool) -> None:
-    """Refuse an expired table or one older than the newest seen for this key; remember the newest."""
+def check_fresh(table: Table, keyid: str, where: str, store: TrustStore, allow_rollback: bool, quiet: bool,
+                record: bool = True):
+    """Refuse an expired table or one older than the newest seen for this key; remember the newest
+    (record=False: return the function that remembers it, for when every other check passed)."""
     problems = []
     if table.expires:
         try:
@@ -415,9 +430,15 @@ def check_fresh(table: Table, keyid: str, where: str, store: TrustStore, allow_r
         raise TrustError(f"{where}: " + "; ".join(problems) + "; --allow-rollback reads it anyway (forensics)")
     if problems:
         print(f"warning: {where}: " + "; ".join(problems) + " (read because of --allow-rollback)", file=sys.stderr)
-        return
-    if table.serial is not None and (last is None or table.serial > last):
-        store.saw(series, table.serial, where)
+        return None
+
+    def remember() -> None:
+        if table.serial is not None and (last is None or table.serial > last):
+            store.saw(series, table.serial, where)
+    if not record:
+        return remember
+    remember()
+    return None
 
 
 def _parse_table(data: bytes, where: str) -> Table:

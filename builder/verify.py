@@ -101,9 +101,10 @@ def run(args) -> int:
         raise InputError("command line", None, "TABLE", args.table, "an image by tag: a tag can move, so verify "
                          "an image by digest (IMAGE@sha256:…, from `envbuild pick` or `docker inspect`)")
     table, info = load_verified(args.table, args.pubkey, allow_rollback=args.allow_rollback, ca=args.ca,
-                                allow_legacy=getattr(args, "allow_legacy", False))
+                                allow_legacy=getattr(args, "allow_legacy", False), defer=True)
     n = verify_files(table, info)
     n_att = verify_attestations(table, info, args.pubkey) if args.attestations else None
+    info["commit"]()  # every check passed: only now is the key pinned and the serial remembered
     if getattr(args, "json", False):
         print(json.dumps({"ok": True, "envelope": str(info["envelope"]), "keyid": info["keyid"], "key": str(info["key"]),
                           "rows": len(table.rows), "serial": table.serial, "generated": table.generated,

@@ -431,3 +431,26 @@ def test_a_table_whose_id_is_not_its_names_is_refused(tmp_path):
     (real / "compat.json.dsse").write_text(json.dumps(sign_envelope(data, TABLE_PAYLOAD_TYPE, load_signer(priv))))
     with pytest.raises(TrustError, match="is not the id of the table named 'envbuild/verl'"):
         load_verified(out, pubkey=pub)
+
+
+def test_a_table_that_fails_verify_pins_nothing_and_remembers_no_serial(tmp_path, run_cli, monkeypatch):
+    """Issue 49, item 6: verify pinned the key (first use) and remembered the serial before it
+    checked the listed files, so a tampered site with a high serial could lock a reader out of the
+    real table. Now a table is remembered only once every check passed."""
+    from envbuild.state import TrustStore
+    from envbuild.trust import locate
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", str(1_800_000_000))
+    res = tmp_path / "results"
+    write_all(res, [rec(A, passed("env", "contract"), img=image(A), run=1)])
+    priv, pub, _ = write_keypair(tmp_path / "keys")
+    t = publish(res, priv, tmp_path / "table", name="envbuild/verl")
+    monkeypatch.delenv("SOURCE_DATE_EPOCH")
+    real = Path(os.path.realpath(tmp_path / "table"))
+    (real / "compat.md").write_text("tampered\n")
+    p = run_cli("verify", tmp_path / "table")  # first use: the key beside the table
+    assert p.returncode == 2 and "sha256 differs" in p.stderr, p.stderr
+    store = TrustStore.load()
+    assert store.pinned(locate(tmp_path / "table").identity) is None
+    assert store.last_serial(f"{t.keyid}/{t.table_id}") is None
+    p = run_cli("verify", tmp_path / "table", "--pubkey", pub)
+    assert p.returncode == 2 and TrustStore.load().last_serial(f"{t.keyid}/{t.table_id}") is None
