@@ -193,6 +193,11 @@ def run(args) -> int:
     m = matrix_from_args(args)
     pl = plan_from_args(args, meta)
     if getattr(args, "dry_run", False):
+        if getattr(args, "json", False):
+            print(json.dumps({"combinations": [c.to_dict() for c in pl.combos], "images": len(pl.combos),
+                              "disk_gb_up_to": len(pl.combos) * IMAGE_GB, "minutes_cold_up_to": len(pl.combos) * IMAGE_MIN},
+                             indent=2, sort_keys=True))
+            return 0
         print(f"envbuild build --dry-run: {preview(pl.combos)}:")
         for c in pl.combos:
             print(f"  {c.id}")

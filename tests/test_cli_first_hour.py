@@ -38,6 +38,8 @@ def test_build_says_what_it_would_build_and_asks_above_a_few(run_cli):
     p = run_cli("build", "--dry-run", "--cuda", "cu126", "--vllm", "0.8.4")
     assert p.returncode == 0 and p.stdout.startswith("envbuild build --dry-run: 3 image(s), up to ~26 GB")
     assert "verl0.4.1-vllm0.8.4-torch2.6.0-cu126-py3.11" in p.stdout
+    j = json.loads(run_cli("build", "--dry-run", "--json", "--cuda", "cu126", "--vllm", "0.8.4").stdout)  # issue 50
+    assert j["images"] == 3 and "verl0.4.1-vllm0.8.4-torch2.6.0-cu126-py3.11" in [c["id"] for c in j["combinations"]]
     q = run_cli("build", "--cuda", "cu126")  # no terminal, no --yes: refused before anything starts
     assert q.returncode == 2 and "pass --yes" in q.stderr and len(q.stderr.strip().splitlines()) == 1
 
