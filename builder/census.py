@@ -161,6 +161,18 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object per combination")
 
 
+def _first_finding(rec) -> str:
+    """What a failing census found, with its file:line (the check's detail leads with it), or the
+    resolver's first line; "" for a pass."""
+    if rec.status != "fail":
+        return ""
+    for v in rec.probe.values():
+        if v.failing and v.first_detail():
+            return " ".join(v.first_detail().split())[:300]
+    lines = (rec.detail or "").strip().splitlines()
+    return " ".join(lines[0].split())[:300] if lines else ""
+
+
 def run(args) -> int:
     if args.jobs < 1:
         raise EnvbuildError("--jobs must be at least 1")
@@ -176,12 +188,16 @@ def run(args) -> int:
                 beat.advance(1, f"{rec.combo['id']}: {rec.status}")
                 write_record(args.results, rec)
                 statuses.append(rec.status)
+                where = _first_finding(rec)
                 if args.json:
                     print(json.dumps({"id": rec.combo["id"], "status": rec.status, "cause": rec.cause,
-                                      "reused": (rec.place or {}).get("reused"), "timings": rec.timings}), flush=True)
+                                      "finding": where, "reused": (rec.place or {}).get("reused"),
+                                      "timings": rec.timings}), flush=True)
                 else:
                     why = f" ({rec.cause})" if rec.cause else ""
                     print(f"[{i}/{len(pl.combos)}] {rec.combo['id']}: {rec.status}{why}", flush=True)
+                    if where:
+                        print(f"    {where}", flush=True)
     finally:
         cen.close()
     counts = {s: statuses.count(s) for s in sorted(set(statuses))}

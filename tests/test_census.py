@@ -78,3 +78,19 @@ def test_census_of_a_real_combination(tmp_path, run_cli, isolated_cache):
     q = run_cli("census", "--verl", "0.4.1", "--sglang", "0.4.6.post5", "--cuda", "cu124", "--platform",
                 "linux/amd64", "--results", tmp_path / "r", "--json", "-j", "1")
     assert json.loads(q.stdout.splitlines()[0])["reused"] is True
+
+
+def test_a_failing_census_line_says_what_it_found_with_file_and_line():
+    """Issue 50: census printed a failure without its file:line."""
+    from envbuild.census import _first_finding
+    from envbuild.record import Record
+
+    found = Record(combo={"id": "x"}, stage="lock", status="fail", cause="static-import-missing",
+                   probe={"contract": {"status": "fail", "level": "contract", "checks": [
+                       {"name": "static:verl.a", "status": "fail", "level": "contract",
+                        "detail": "verl/a.py:12 from vllm.x import y: no module vllm.x"}]}})
+    assert _first_finding(found) == "static:verl.a: verl/a.py:12 from vllm.x import y: no module vllm.x"
+    unsat = Record(combo={"id": "x"}, stage="lock", status="fail", cause="unsatisfiable",
+                   detail="No solution found when resolving dependencies:\n  Because sglang==0.5.12 ...")
+    assert _first_finding(unsat) == "No solution found when resolving dependencies:"
+    assert _first_finding(Record(combo={"id": "x"}, stage="lock", status="ok")) == ""
