@@ -205,7 +205,8 @@ def bootstrap(engine, suite: str = DEFAULT_SUITE, tag: str | None = None, mirror
         return found
     # Two envbuild processes on one machine (two builds, two test workers) make one base: the
     # second waits here and then reuses the first's.
-    with exclusive(cache_dir() / "base" / (hashlib.sha256(ref.encode()).hexdigest()[:16] + ".lock")):
+    with exclusive(cache_dir() / "base" / (hashlib.sha256(ref.encode()).hexdigest()[:16] + ".lock"),
+                   f"the base image {ref}, which another envbuild is making"):
         return _reuse(engine, ref, platform, log) or _make(engine, suite, mirror, inp, ref, platform, log)
 
 

@@ -58,10 +58,14 @@ def write_atomic(path: str | os.PathLike, data: bytes | str, mode: int = 0o644) 
     return path
 
 
+LOCK_WAIT_S = 900.0  # the longest envbuild waits for another envbuild's lock before exit 3
+
+
 @contextlib.contextmanager
-def exclusive(path: str | os.PathLike):
-    """Hold an exclusive lock on `path` (created if missing) for the block: a second process
-    waits there. The kernel drops it if the holder dies, so no stale lock is ever left."""
+def exclusive(path: str | os.PathLike, what: str = "", timeout: float = LOCK_WAIT_S):
+    """Hold an exclusive lock on `path` (created if missing) for the block. The kernel drops it if
+    the holder dies, so no stale lock is ever left. A second process waits, says once on stderr
+    what it waits for, and gives up after `timeout` s (InfraError: exit 3)."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -69,8 +73,31 @@ def exclusive(path: str | os.PathLike):
     except OSError as e:
         raise path_error(path, e) from None
     with f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+        wait_lock(f, path, what or str(path), timeout)
         yield
+
+
+def wait_lock(f, path: Path, what: str, timeout: float = LOCK_WAIT_S) -> None:
+    """flock(LOCK_EX) on the open file `f`, waiting at most `timeout` s (see exclusive)."""
+    import sys
+    import time
+
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        pass
+    print(f"envbuild: waiting for {what}: another envbuild holds {path} (up to {timeout:.0f} s)", file=sys.stderr)
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= end:
+                raise InfraError("lock-wait", f"{what}: {path} is still held by another envbuild after "
+                                              f"{timeout:.0f} s; let it finish, or stop it") from None
+            time.sleep(0.2)
 
 
 def write_json_atomic(path: str | os.PathLike, obj: object) -> Path:

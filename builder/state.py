@@ -167,8 +167,6 @@ class TrustStore:
     def _update(self, change) -> None:
         """Read, change and write trust.json under an exclusive lock: concurrent readers (40 first
         uses at once) each see the others' pins."""
-        import fcntl
-
         from .fsutil import write_json_atomic  # here: reading trust state must not import tempfile
 
         try:
@@ -178,7 +176,9 @@ class TrustStore:
             raise InfraError("state-unwritable", f"trust state {self.path}: cannot write ({e.strerror or e}); "
                              "set ENVBUILD_STATE to a writable folder") from None
         with lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            from .fsutil import wait_lock
+
+            wait_lock(lock, self.path.parent / (TRUST_NAME + ".lock"), f"the trust state {self.path}", 60.0)
             fresh = TrustStore.load() if self.path.exists() else TrustStore(self.path)
             d = {"schema": 1, "keys": fresh.keys, "serials": fresh.serials}
             change(d)

@@ -220,7 +220,7 @@ def publish(results: str | os.PathLike, key: str | os.PathLike, out: str | os.Pa
             raise InputError(str(out), None, "--out", str(out), "exists and is not a folder")
         _check_adoptable(out)  # before anything is written next to it
     sites.mkdir(parents=True, exist_ok=True)
-    with exclusive(sites / ".lock"):  # two publishes into one --out: one after the other
+    with exclusive(sites / ".lock", f"the table folder {out}, which another publish is writing"):  # one after the other
         if out.is_dir() and not out.is_symlink():
             _adopt_legacy_dir(out, sites)
         current = os.path.realpath(out) if out.is_symlink() else None

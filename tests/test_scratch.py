@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from envbuild import scratch
 
 
@@ -52,3 +54,25 @@ def test_uv_dies_with_a_killed_lock(tmp_path):
         time.sleep(0.1)
     os.kill(child, signal.SIGKILL)
     raise AssertionError("the resolver outlived envbuild")
+
+
+def test_a_lock_wait_says_what_it_waits_for_and_gives_up_with_exit_3(tmp_path, capsys):
+    """Issue 49, item 6: a second envbuild waited on another's lock forever, silently."""
+    import fcntl
+    import time
+
+    from envbuild.errors import InfraError
+    from envbuild.fsutil import exclusive
+
+    lock = tmp_path / "x.lock"
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another envbuild holds it
+        t0 = time.monotonic()
+        with pytest.raises(InfraError) as e:
+            with exclusive(lock, "the table folder T", timeout=0.5):
+                pass
+        assert 0.5 <= time.monotonic() - t0 < 5 and e.value.exit_code == 3
+        assert "the table folder T" in str(e.value) and "still held" in str(e.value)
+        assert "waiting for the table folder T" in capsys.readouterr().err
+    with exclusive(lock, "the table folder T", timeout=0.5):  # free again: taken at once
+        pass
