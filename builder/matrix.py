@@ -265,8 +265,14 @@ def load_matrix(path: str | Path) -> Matrix:
     include = []
     for i, inc in enumerate(c.optional_list(data.get("include"), ("include",))):
         p = ("include", i)
-        c.mapping(inc, p, set(AXES), required=("verl",))
-        d = {k: axis_value(k, v, p + (k,)) for k, v in inc.items()}
+        c.mapping(inc, p, set(AXES) | {"reason"}, required=("verl",))
+        d = {k: axis_value(k, v, p + (k,)) for k, v in inc.items() if k != "reason"}
+        if "reason" in inc:
+            # A reason makes the include a decision: it is planned although an exclude rule (an
+            # opinion about which pairs to build) would drop it, and the reason travels as its note.
+            d["reason"] = c.string(inc["reason"], p + ("reason",))
+            if not d["reason"].strip():
+                c.fail(p + ("reason",), inc["reason"], "an empty reason: say why the row is included")
         if sum(k in d for k in VERSIONED_ENGINES) > 1 or ("engine" in d and (set(VERSIONED_ENGINES) & d.keys())):
             c.fail(p, inc, "name exactly one engine: " + ", ".join(VERSIONED_ENGINES) + f" or engine: {UNVERSIONED}")
         if d.get("engine") in VERSIONED_ENGINES:
@@ -397,8 +403,9 @@ def plan(m: Matrix, sel: Selectors | None = None, meta=None, undeclared: bool = 
     torch_axis = narrow(sel.torch, m.torch) if m.torch else None
     explicit = sel.explicit()
 
-    # raw combinations as plain tuples: (verl, engine, engine version, cuda, python, forced torch, platform)
-    raw: list[tuple] = [(verl, eng, ev, cu, py, None, pf)
+    # raw combinations as plain tuples: (verl, engine, engine version, cuda, python, forced torch, platform,
+    # the include's reason)
+    raw: list[tuple] = [(verl, eng, ev, cu, py, None, pf, None)
                         for (eng, versions), verl, cu, py, pf in itertools.product(engines.items(), verls, cudas,
                                                                                    pythons, platforms)
                         for ev in versions]
@@ -407,15 +414,16 @@ def plan(m: Matrix, sel: Selectors | None = None, meta=None, undeclared: bool = 
         for cu in [inc["cuda"]] if inc.get("cuda") else cudas:
             for py in [inc["python"]] if inc.get("python") else pythons:
                 for pf in [inc["platform"]] if inc.get("platform") else platforms:
-                    raw.append((inc["verl"], eng, inc.get(eng, ""), cu, py, inc.get("torch"), pf))
+                    raw.append((inc["verl"], eng, inc.get(eng, ""), cu, py, inc.get("torch"), pf, inc.get("reason")))
 
+    raw.sort(key=lambda r: r[7] is None)  # a reasoned include decides a combination the axes also make
     combos: list[Combo] = []
     excluded: list[Excluded] = []
     warnings: list[str] = list(notes)
     seen: set[tuple] = set()
     why_not = _Excluder(m, meta)
     torch_memo: dict[tuple, tuple[list[str], str | None]] = {}
-    for verl, eng, ev, cu, py, forced, pf in raw:
+    for verl, eng, ev, cu, py, forced, pf, reason in raw:
         tk = (eng, ev, forced)
         if tk not in torch_memo:
             torch_memo[tk] = _torch_for(eng, ev, forced, torch_axis, sel.torch, meta)
@@ -429,6 +437,9 @@ def plan(m: Matrix, sel: Selectors | None = None, meta=None, undeclared: bool = 
             combo = Combo(verl, eng, ev, t, cu, py, cv.toolkit, cv.base, cv.glibc, platform=pf)
             fact = why or why_not.facts(combo)
             rule = None if fact else why_not.rule(combo)
+            if rule and reason:
+                combo = replace(combo, note=f"included: {reason} (a matrix rule would exclude it: {rule})")
+                rule = None
             if rule and explicit and sel.matches_combo(combo):
                 # Asked for by name: a rule is an opinion about which pairs to build, so the
                 # combination is judged anyway; the rule travels with it as a note.

@@ -51,17 +51,19 @@ def _refresh(args, meta) -> None:
     """Fetch metadata for every release the matrix names and record it (matrix/metadata.json)."""
     m = matrix_from_args(args)
     meta._snap = {}  # read everything afresh (the disk cache still saves requests)
-    keys = [("verl", v) for v in m.verl]
-    for eng, versions in m.engines.items():
-        keys += [(dist_of(eng), v) for v in versions if v]
+    # Every release the matrix names: its axes and its includes (an include may name a release the
+    # axes do not, and planning it offline needs its metadata too).
+    engine_releases = {(eng, v) for eng, versions in m.engines.items() for v in versions if v}
+    engine_releases |= {(e, inc[e]) for inc in m.include for e in m.engines if inc.get(e)}
+    verls = sorted(set(m.verl) | {inc["verl"] for inc in m.include})
+    keys = [("verl", v) for v in verls]
+    keys += [(dist_of(eng), v) for eng, v in sorted(engine_releases)]
     torches = set(m.torch or [])
     torches |= {inc["torch"] for inc in m.include if "torch" in inc}
-    for eng, versions in m.engines.items():
-        for v in versions:
-            if v:
-                pin = meta.torch_pin(eng, v)
-                if pin:
-                    torches.add(pin)
+    for eng, v in sorted(engine_releases):
+        pin = meta.torch_pin(eng, v)
+        if pin:
+            torches.add(pin)
     keys += [("torch", t) for t in sorted(torches)]
     # Next to the bundled matrix in a checkout (committed); the user's data dir for an install.
     path = snapshot(meta, keys, metadata_snapshot_for_write())

@@ -49,6 +49,13 @@ def test_default_matrix_covers_the_landscape():
     assert "verl0.4.1-vllm0.8.4-torch2.6.0-cu124-py3.11" in ids
     # every exclusion says why
     assert pl.excluded and all(e.reason.strip() for e in pl.excluded)
+    # the recorded metadata holds every release the matrix names, its includes' too (plan offline)
+    m = load_matrix(default_matrix())
+    recorded = json.loads((default_matrix().parent / "metadata.json").read_text())["releases"]
+    named = {f"{e}=={v}" for e, vs in m.engines.items() for v in vs if v}
+    named |= {f"{e}=={inc[e]}" for inc in m.include for e in m.engines if inc.get(e)}
+    named |= {f"verl=={inc['verl']}" for inc in m.include}
+    assert named <= recorded.keys(), named - recorded.keys()
 
 
 def test_torch_comes_from_the_engine_pin_not_from_the_yaml():
@@ -121,6 +128,26 @@ def test_an_excluded_pair_asked_for_by_name_is_planned_with_the_rule_as_a_note(t
     # a fact (no torch 2.7.0 build for cu124) is never overridden
     p = run_cli("plan", "--matrix", tmp_path / "m.yaml", "--vllm", "0.9.1", "--verl", "0.4.1", "--cuda", "cu124")
     assert p.returncode == 2 and "no cu124 build" in p.stderr
+
+
+def test_an_include_with_a_reason_is_planned_past_a_rule_and_one_without_is_not(tmp_path):
+    base = SMALL + "include:\n"
+    # the axes make verl 0.4.1 x vLLM 0.9.1 too, and the rule drops it: a reasoned include decides it
+    m = load_matrix(write(tmp_path, base + '  - {verl: "0.4.1", vllm: "0.9.1", cuda: cu126,'
+                                             ' reason: "verified on a GPU: see bench"}\n'))
+    got = {c.id: c.note for c in plan(m, meta=OFFLINE).combos}
+    note = got["verl0.4.1-vllm0.9.1-torch2.7.0-cu126-py3.11"]
+    assert note.startswith("included: verified on a GPU") and "too new for old verl" in note
+    # without a reason an include is one more combination for the rules to judge
+    m = load_matrix(write(tmp_path, base + '  - {verl: "0.4.1", vllm: "0.9.1", cuda: cu126}\n'))
+    p = plan(m, meta=OFFLINE)
+    assert "verl0.4.1-vllm0.9.1-torch2.7.0-cu126-py3.11" not in {c.id for c in p.combos}
+    assert any(e.combo.id == "verl0.4.1-vllm0.9.1-torch2.7.0-cu126-py3.11" for e in p.excluded)
+    # a fact is never overridden: there is no torch 2.7.0 build for cu124
+    m = load_matrix(write(tmp_path, base + '  - {verl: "0.4.1", vllm: "0.9.1", cuda: cu124, reason: "x"}\n'))
+    assert not [c for c in plan(m, meta=OFFLINE).combos if c.cuda == "cu124" and c.engine_version == "0.9.1"]
+    with pytest.raises(EnvbuildError, match=r"include\.0\.reason"):
+        load_matrix(write(tmp_path, base + '  - {verl: "0.4.1", vllm: "0.9.1", reason: " "}\n'))
 
 
 def test_one_selector_grammar_cuda_spellings_and_version_prefixes(tmp_path):
