@@ -382,10 +382,12 @@ def plan(m: Matrix, sel: Selectors | None = None, meta=None, undeclared: bool = 
     meta = meta or Metadata()
     notes = []
     if sel.engine and ENGINE[sel.engine].versioned and sel.engine_version:
-        ev, note = release_of(sel.engine_version, m.engines.get(sel.engine) or [], f"--{sel.engine}", undeclared)
+        # A release an include names is one the matrix declares.
+        declared = (m.engines.get(sel.engine) or []) + [i[sel.engine] for i in m.include if i.get(sel.engine)]
+        ev, note = release_of(sel.engine_version, declared, f"--{sel.engine}", undeclared)
         sel, notes = replace(sel, engine_version=ev), notes + [note] * bool(note)
     if sel.verl:
-        v, note = release_of(sel.verl, m.verl, "--verl", undeclared)
+        v, note = release_of(sel.verl, m.verl + [i["verl"] for i in m.include], "--verl", undeclared)
         sel, notes = replace(sel, verl=v), notes + [note] * bool(note)
     engines = dict(m.engines)
     if sel.engine:

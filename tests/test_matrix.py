@@ -138,6 +138,13 @@ def test_an_include_with_a_reason_is_planned_past_a_rule_and_one_without_is_not(
     got = {c.id: c.note for c in plan(m, meta=OFFLINE).combos}
     note = got["verl0.4.1-vllm0.9.1-torch2.7.0-cu126-py3.11"]
     assert note.startswith("included: verified on a GPU") and "too new for old verl" in note
+    # a release only an include names is one the matrix declares: selecting it needs no --undeclared
+    inc = load_matrix(write(tmp_path, base + '  - {verl: "0.4.1", vllm: "0.8.5.post1", cuda: cu126,'
+                                            ' reason: "its own row"}\n'))
+    assert {c.engine_version for c in plan(inc, Selectors(engine="vllm", engine_version="0.8.5.post1"),
+                                            meta=OFFLINE, undeclared=False).combos} == {"0.8.5.post1"}
+    with pytest.raises(EnvbuildError, match="not a release the matrix declares"):
+        plan(m, Selectors(engine="vllm", engine_version="0.8.5.post1"), meta=OFFLINE, undeclared=False)
     # without a reason an include is one more combination for the rules to judge
     m = load_matrix(write(tmp_path, base + '  - {verl: "0.4.1", vllm: "0.9.1", cuda: cu126}\n'))
     p = plan(m, meta=OFFLINE)
