@@ -167,3 +167,28 @@ def test_the_step_model_renders_chatml_that_verls_agent_loop_accepts(tmp_path):
     text = tok.apply_chat_template([{"role": "user", "content": "alpha beta"}], tokenize=False, add_generation_prompt=True)
     assert text == "<|im_start|>user\nalpha beta<|im_end|>\n<|im_start|>assistant\n"
     assert ids["<|im_end|>"] in tok(text)["input_ids"]  # one token, not its characters
+
+
+def test_flash_attention_2_is_what_transformers_can_use_not_a_flash_attn_module(tmp_path, monkeypatch):
+    """SGLang 0.5.14's lock holds flash-attn-4, which installs `flash_attn/cute` without FlashAttention 2:
+    a `flash_attn` module was read as FA2, verl was told flash_attention_2 and transformers refused it
+    (the H100 run, bench/verl_step/sglang_h100.json)."""
+    import transformers.utils
+
+    # verl hands the choice to transformers: its answer is the probe's
+    monkeypatch.setattr(transformers.utils, "is_flash_attn_2_available", lambda: True)
+    assert verl_step._flash_attn() is True
+    monkeypatch.setattr(transformers.utils, "is_flash_attn_2_available", lambda: False)
+    assert verl_step._flash_attn() is False
+    # a transformers without the helper: the FlashAttention 2 distribution decides, not the module name
+    monkeypatch.delattr(transformers.utils, "is_flash_attn_2_available")
+    (tmp_path / "flash_attn" / "cute").mkdir(parents=True)
+    (tmp_path / "flash_attn" / "cute" / "__init__.py").write_text("")
+    (tmp_path / "flash_attn_4-4.0.0b15.dist-info").mkdir()
+    (tmp_path / "flash_attn_4-4.0.0b15.dist-info" / "METADATA").write_text("Name: flash-attn-4\nVersion: 4.0.0b15\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert importlib.util.find_spec("flash_attn") is not None  # the module is there ...
+    assert verl_step._flash_attn() is False  # ... FlashAttention 2 is not
+    (tmp_path / "flash_attn-2.8.3.dist-info").mkdir()
+    (tmp_path / "flash_attn-2.8.3.dist-info" / "METADATA").write_text("Name: flash-attn\nVersion: 2.8.3\n")
+    assert verl_step._flash_attn() is True

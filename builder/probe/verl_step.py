@@ -171,8 +171,18 @@ def _verl_version() -> str | None:
 
 
 def _flash_attn() -> bool:
-    import importlib.util
-    return importlib.util.find_spec("flash_attn") is not None
+    """Whether transformers can use FlashAttention 2 here: verl asks it for flash_attention_2, and
+    transformers decides. A `flash_attn` module alone is not enough: flash-attn-4 installs
+    `flash_attn.cute` (SGLang 0.5.13+ pulls it in) without FlashAttention 2."""
+    try:
+        from transformers.utils import is_flash_attn_2_available
+        return bool(is_flash_attn_2_available())
+    except Exception:  # a transformers without the helper: the distribution FlashAttention 2 comes in
+        import importlib.metadata as md
+        try:
+            return md.version("flash-attn") is not None
+        except md.PackageNotFoundError:
+            return False
 
 
 def run_verl_step(v: Verdict, engine: str, *, gpu: bool, python: str | None = None, timeout: float | None = None,
