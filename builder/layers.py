@@ -33,7 +33,7 @@ from .errors import EnvbuildError
 from .lock import LockResult
 from .lockfile import parse_lock, text_of
 from .values import Base, Combo
-from .probe.vocab import ENGINE_SPECS
+from .probe.vocab import ENGINE_SPECS, JIT_KERNELS
 
 # (group, name prefixes), first match wins; the last group takes every other nvidia-* wheel.
 CUDA_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -128,6 +128,13 @@ class ImageModel:
         setuptools writes other metadata): the layer's bytes then follow from its lock."""
         names = {canonicalize_name(n.split("==")[0]) for n in self.built_from_source}
         return sorted(n for n in layer.packages if canonicalize_name(n) in names)
+
+    @property
+    def jit_kernels(self) -> list[str]:
+        """The kernels this image compiles ahead of time (vocab.JIT_KERNELS): those whose library
+        the lock pins."""
+        pinned = {canonicalize_name(n) for n in self.expected}
+        return [k.name for k in JIT_KERNELS if canonicalize_name(k.dist) in pinned]
 
     @property
     def needs_torch_index(self) -> bool:

@@ -307,3 +307,19 @@ def test_one_base_type_and_resolver():
     assert R.base_for(VLLM, "bootstrap", "envbuild/base:x") == B.Base("bootstrap", "envbuild/base:x")
     with pytest.raises(InputError):
         R.base_for(VLLM, "--oops")
+
+
+def test_an_image_whose_lock_pins_a_jit_library_compiles_its_kernels_ahead_of_time():
+    """vocab.JIT_KERNELS: a lock with flashinfer-python gets the build step (FlashInfer's sampler,
+    ~100 s of nvcc on a fresh GPU node); one without it does not."""
+    plain = render_dockerfile(VLLM, fake_lock(VLLM, nvidia=NVIDIA), NV)
+    assert "envbuild_probe.jit" not in plain
+    m = model_for(VLLM, fake_lock(VLLM, nvidia=NVIDIA, full_extra={"flashinfer-python": "0.6.12"},
+                                  verl_extra={"flashinfer-python": "0.6.12"}), NV)
+    assert m.jit_kernels == ["flashinfer-sampling"]
+    text = render_stages(m)
+    step = next(r for r in _runs(text) if "envbuild_probe.jit" in r)
+    assert "python -m envbuild_probe.jit build flashinfer-sampling" in step
+    # after the probe is in the image (the step runs it) and before the labels, in the final stage
+    assert text.index("ENV PYTHONPATH=/opt/envbuild") < text.index(step) < text.index("LABEL ")
+    assert "--mount=type=tmpfs,target=/tmp" in step

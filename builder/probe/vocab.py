@@ -148,6 +148,48 @@ VERSIONED_ENGINES = tuple(e.name for e in ENGINE_SPECS if e.versioned)
 VERL_RUNTIME_EXTRAS = ("verl-core",)
 
 
+@dataclass(frozen=True)
+class JitKernel:
+    """A kernel an engine's library compiles with nvcc on its first use, which an image compiles
+    ahead of time (probe/jit.py): one home for what the build step and the probe need to know.
+
+    name       what the image and the record call it
+    dist       the distribution that compiles it: a lock that pins it gets the build step
+    module, spec  the library's own builder: `module.spec()` returns its JIT spec (`.build()`,
+               `.jit_library_path`)
+    aot        where the library loads a module compiled ahead of time, under its package
+               (`<package>/<aot>/<aot name>/<aot name>.so`), without compiling or checking the GPU
+    arch_env   the variable that tells the library which GPU architecture to compile for
+    workspace_env  the variable that moves its JIT folder (a scratch folder at build time)
+    aot_package  a package whose presence replaces `aot` (the library's own ahead-of-time wheel)
+    why        what it costs without it
+    """
+
+    name: str
+    dist: str
+    module: str
+    spec: str
+    aot: str
+    aot_name: str
+    arch_env: str
+    workspace_env: str
+    aot_package: str
+    why: str
+
+    @property
+    def package(self) -> str:
+        return self.module.split(".")[0]
+
+
+JIT_KERNELS = (
+    JitKernel("flashinfer-sampling", "flashinfer-python", "flashinfer.jit.sampling", "gen_sampling_module",
+              "data/aot", "sampling", "FLASHINFER_CUDA_ARCH_LIST", "FLASHINFER_WORKSPACE_BASE", "flashinfer_jit_cache",
+              "FlashInfer's top-k/top-p sampler, which vLLM's sampler and SGLang's default sampling backend call "
+              "(verl's rollout samples with it): 99.4 s of nvcc on a fresh H100, 0.2 s prebuilt "
+              "(bench/verl_step/sglang_h100.json)"),
+)
+
+
 def dist_of(name: str) -> str:
     """The distribution a versioned engine's releases are published as (`vllm` -> `vllm`); any
     other package name is itself. Index lookups, requirements and metadata keys go through it."""

@@ -1,0 +1,103 @@
+"""Kernels compiled ahead of time in images (probe/jit.py): which targets cover torch's kernels,
+and the build step against a stand-in library whose JIT builder records what it was asked for.
+The real FlashInfer build (nvcc, 53 s for sm_90a here) and its effect on an H100 (99.4 s -> 0.2 s)
+are in bench/verl_step/sglang_h100.json."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+
+import pytest
+
+from envbuild.probe import jit
+from envbuild.probe.vocab import JIT_KERNELS, JitKernel
+
+
+def test_targets_run_wherever_torchs_kernels_run():
+    cu13 = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_103", "sm_120"]
+    assert jit.targets(cu13, (13, 0)) == (["7.5", "8.0", "8.6", "9.0a", "10.0f", "10.3f", "12.0f"], "")
+    # a plain sm_100 cubin of torch runs on 10.3 too: without family targets nothing is built
+    got, why = jit.targets(["sm_80", "sm_90", "sm_100"], (12, 8))
+    assert got == [] and "sm_100" in why and "12.9" in why
+    assert jit.targets(["sm_80", "sm_90"], (12, 6)) == (["8.0", "9.0a"], "")
+    assert jit.targets([], (13, 0)) == ([], "")
+
+
+@pytest.fixture
+def fake_library(tmp_path, monkeypatch):
+    """A library `fakefi` (distribution fakefi-python) whose JIT builder writes a module naming the
+    architectures it was given, and an nvcc that says which CUDA it is."""
+    site = tmp_path / "site"
+    (site / "fakefi" / "jit").mkdir(parents=True)
+    (site / "fakefi" / "__init__.py").write_text("")
+    (site / "fakefi" / "jit" / "__init__.py").write_text("")
+    (site / "fakefi" / "jit" / "sampling.py").write_text(textwrap.dedent("""
+        import os, pathlib
+        class Spec:
+            jit_library_path = pathlib.Path(os.environ["FAKEFI_WS"]) / "sampling.so"
+            def build(self, verbose):
+                if os.environ.get("FAKEFI_FAIL"):
+                    raise SystemExit("nvcc fatal: unsupported gpu architecture")
+                self.jit_library_path.write_text("archs=" + os.environ["FAKEFI_ARCHS"])
+        def gen_sampling_module():
+            return Spec()
+    """))
+    (site / "fakefi_python-0.6.12.dist-info").mkdir()
+    (site / "fakefi_python-0.6.12.dist-info" / "METADATA").write_text("Name: fakefi-python\nVersion: 0.6.12\n")
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "nvcc").write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n")
+    (bin_ / "nvcc").chmod(0o755)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    monkeypatch.setenv("PATH", f"{bin_}:{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    k = JitKernel("fake-sampling", "fakefi-python", "fakefi.jit.sampling", "gen_sampling_module", "data/aot",
+                  "sampling", "FAKEFI_ARCHS", "FAKEFI_WS", "fakefi_jit_cache", "a test")
+    monkeypatch.setitem(jit.KERNEL, k.name, k)
+    return site, bin_, k
+
+
+def test_the_build_step_puts_one_module_for_all_of_torchs_architectures_where_the_library_loads_it(fake_library):
+    site, _, k = fake_library
+    said = jit.build([k.name], archs=["sm_80", "sm_90", "sm_100"])
+    module = site / "fakefi" / "data" / "aot" / "sampling" / "sampling.so"
+    assert module.read_text() == "archs=8.0 9.0a 10.0f"
+    assert said[k.name].startswith("fakefi-python 0.6.12 for 8.0 9.0a 10.0f in ")
+
+
+def test_all_or_nothing_a_kernel_that_cannot_cover_torch_is_not_placed(fake_library, monkeypatch, capsys):
+    site, bin_, k = fake_library
+    module = site / "fakefi" / "data" / "aot" / "sampling" / "sampling.so"
+    # a toolkit without family targets, torch with sm_100 kernels
+    (bin_ / "nvcc").write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.8, V12.8.93'\n")
+    assert "family targets need 12.9" in jit.build([k.name], archs=["sm_90", "sm_100"])[k.name]
+    # the library's builder fails (one architecture it cannot build): nothing is placed
+    (bin_ / "nvcc").write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n")
+    monkeypatch.setenv("FAKEFI_FAIL", "1")
+    assert "unsupported gpu architecture" in jit.build([k.name], archs=["sm_90"])[k.name]
+    # no nvcc anywhere
+    monkeypatch.delenv("FAKEFI_FAIL")
+    (bin_ / "nvcc").unlink()
+    monkeypatch.setattr(jit, "nvcc", lambda: None)
+    assert "no nvcc" in jit.build([k.name], archs=["sm_90"])[k.name]
+    assert not module.exists()
+    # each outcome is one line on stdout, for the build log
+    assert all(line.startswith("jit: fake-sampling: ") for line in capsys.readouterr().out.splitlines())
+
+
+def test_the_librarys_own_ahead_of_time_package_wins(fake_library):
+    site, _, k = fake_library
+    (site / "fakefi_jit_cache").mkdir()
+    (site / "fakefi_jit_cache" / "__init__.py").write_text("")
+    assert "fakefi_jit_cache" in jit.build([k.name], archs=["sm_90"])[k.name]
+    assert not (site / "fakefi" / "data" / "aot").exists()
+
+
+def test_the_command_line_refuses_an_unknown_kernel_and_names_the_known_ones(capsys):
+    assert jit.main(["build", "nope"]) == 2
+    assert "flashinfer-sampling" in capsys.readouterr().err
+    assert jit.main([]) == 2
+    assert {k.name for k in JIT_KERNELS} == {"flashinfer-sampling"}
