@@ -22,6 +22,9 @@ def test_targets_run_wherever_torchs_kernels_run():
     assert got == [] and "sm_100" in why and "12.9" in why
     assert jit.targets(["sm_80", "sm_90"], (12, 6)) == (["8.0", "9.0a"], "")
     assert jit.targets([], (13, 0)) == ([], "")
+    # PTX in torch's list: torch runs on GPUs after it too, a prebuilt module would not
+    got, why = jit.targets(["sm_80", "sm_90", "compute_90"], (13, 0))
+    assert got == [] and "compute_90" in why
 
 
 @pytest.fixture

@@ -62,15 +62,18 @@ def nvcc_version(path: str) -> tuple[int, int] | None:
 
 
 def torch_archs(python: str = sys.executable) -> list[str]:
-    """torch's own `sm_XY` list (torch.cuda.get_arch_list: no GPU needed)."""
+    """torch's own list (torch.cuda.get_arch_list: no GPU needed): `sm_XY` kernels, `compute_XY` PTX."""
     out = subprocess.run([python, "-c", "import torch; print(' '.join(torch.cuda.get_arch_list()))"],
                          capture_output=True, text=True, timeout=300)
-    return [a for a in out.stdout.split() if re.fullmatch(r"sm_\d+", a)]
+    return [a for a in out.stdout.split() if re.fullmatch(r"(sm|compute)_\d+", a)]
 
 
 def targets(archs: list[str], cuda: tuple[int, int]) -> tuple[list[str], str]:
     """The library's architecture targets that run wherever torch's `sm_XY` kernels run, or ([], why)."""
     out = []
+    ptx = [a for a in archs if a.startswith("compute_")]
+    if ptx:  # torch then also runs on GPUs after its list, where no prebuilt module could follow
+        return [], f"torch carries PTX ({ptx[0]}) for GPUs after its list, which a prebuilt module cannot follow"
     for a in archs:
         n = a[3:]
         major, minor = int(n[:-1]), int(n[-1])
