@@ -18,6 +18,9 @@ CASES = [
     ("RuntimeError: Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU and installed "
      "a driver from http://www.nvidia.com/Download/index.aspx", "vllm", "needs-gpu", "needs-gpu", "driver"),
     ("RuntimeError: Device string must not be empty", "vllm", "needs-gpu", "needs-gpu", "GPU"),
+    # a ROCm torch on a host without an AMD GPU (issue 51: read as broken before)
+    ("RuntimeError: No HIP GPUs are available", "vllm", "needs-gpu", "needs-gpu", "ROCm"),
+    ("RuntimeError: HIP error: hipErrorNoDevice", "sglang", "needs-gpu", "needs-gpu", "ROCm"),
     # sgl-kernel on a host without a GPU (issue 26, class 13): it picks common_ops by the GPU it sees
     ("ImportError: \n[sgl_kernel] CRITICAL: Could not load any common_ops library!\n\nAttempted locations:\n"
      "1. Architecture-specific pattern: /opt/venv/lib/python3.12/site-packages/sgl_kernel/sm100/common_ops.* "
@@ -161,3 +164,22 @@ def test_engine_class_says_the_import_error_it_met(tmp_path, monkeypatch):
     with pytest.raises(AttributeError, match="no engine class"):
         engine_class(Engine, "json:NoSuchName")
     assert engine_class(Engine, "json:JSONDecoder") is __import__("json").JSONDecoder
+
+
+def test_every_accelerator_kinds_no_device_words_mean_needs_gpu():
+    """The words come from each AcceleratorKind (probe/vocab.py): a kind added there is classified
+    with no edit here. Each pattern is tried on a message made from its first alternative."""
+    import re
+
+    from envbuild.probe.vocab import ACCELERATORS
+    tried = 0
+    for kind in ACCELERATORS.values():
+        for pat, why in kind.no_device:
+            sample = re.sub(r"\\(.)", r"\1", pat.split("|")[0]).replace("(?:", "").replace(")?", "")
+            c = classify_message(f"RuntimeError: {sample}")
+            assert (c.status, c.detail) == ("needs-gpu", why), (kind.name, pat, c)
+            tried += 1
+        if kind.driver_lib:
+            c = classify_message(f"OSError: {kind.driver_lib}.so.1: cannot open shared object file")
+            assert c.status == "needs-gpu" and kind.driver_label in c.detail
+    assert tried >= 8

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .vocab import ENGINE, FAIL, NEEDS_GPU, NEEDS_HOME, NEEDS_NETWORK, NOT_APPLICABLE, engine_of_module
+from .vocab import ACCELERATORS, ENGINE, FAIL, NEEDS_GPU, NEEDS_HOME, NEEDS_NETWORK, NOT_APPLICABLE, engine_of_module
 # Optional backends verl supports but a combination need not include: their absence is not a failure.
 OPTIONAL_BACKENDS = {
     "megatron", "mbridge", "transformer_engine", "apex", "torch_npu", "mindspeed", "vllm_ascend",
@@ -45,17 +45,14 @@ def classify_message(text: str, engine: str | None = None) -> Classified:
     """Map one error message (exception text or stderr tail) to a status and cause."""
     t = text or ""
     # Driver-level: this host has no GPU. Not broken, cannot be judged here.
-    m = re.search(r"(libcuda\.so(?:\.\d+)?): cannot open shared object file", t)
-    if m:
-        return Classified(NEEDS_GPU, "no-driver", f"{m.group(1)} not found: needs the NVIDIA driver")
+    for kind in ACCELERATORS.values():  # each accelerator's own words for "no device here"
+        if kind.driver_lib:
+            m = re.search(rf"({re.escape(kind.driver_lib)}\.so(?:\.\d+)*): cannot open shared object file", t)
+            if m:
+                return Classified(NEEDS_GPU, "no-driver", f"{m.group(1)} not found: needs the {kind.driver_label}")
     for pat, why in (
-        (r"Found no NVIDIA driver", "no NVIDIA driver"),
-        (r"Device string must not be empty", "no CUDA device (engine config needs a GPU)"),
-        (r"No CUDA GPUs are available", "no CUDA GPU available"),
-        (r"CUDA driver initialization failed", "CUDA driver initialization failed"),
-        (r"Torch not compiled with CUDA enabled", "torch has no CUDA (CPU build)"),
-        (r"NVML Shared Library Not Found|libnvidia-ml\.so(?:\.1)?: cannot open", "NVML (driver) not found"),
-        (r"cudaGetDeviceCount|CUDA_ERROR_NO_DEVICE|no CUDA-capable device is detected", "no CUDA device"),
+        *(nd for kind in ACCELERATORS.values() for nd in kind.no_device),
+        (r"Device string must not be empty", "no device (engine config needs a GPU)"),
         # sgl-kernel picks its common_ops build by the GPU it sees; with none it loads none. (On a
         # GPU it cannot serve, the gpu level fails it: needs-gpu decides nothing.)
         (r"Could not load any common_ops library", "kernel package found no GPU to pick its library for"),

@@ -365,6 +365,11 @@ class AcceleratorKind:
     container_args  how a container gets the devices (`docker run` arguments)
     device_nodes    device files whose presence means this host has one
     smi             the command that lists the devices ([] when none)
+    no_device       (pattern, why): what its stack prints on a host without its devices or driver;
+                    the probe classifies those as needs-gpu (not judged here), never as broken
+    driver_lib      the driver's user-space library: "<it>: cannot open shared object file" means
+                    this host has no driver
+    driver_label    what a reader calls that driver
     """
 
     name: str
@@ -374,13 +379,30 @@ class AcceleratorKind:
     container_args: tuple[str, ...] = ()
     device_nodes: tuple[str, ...] = ()
     smi: tuple[str, ...] = ()
+    no_device: tuple[tuple[str, str], ...] = ()
+    driver_lib: str | None = None
+    driver_label: str = ""
 
 
 CUDA_KIND = AcceleratorKind("cuda", "CUDA", "cu", "cuda", ("--gpus", "all"), ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg"),
-                            ("nvidia-smi", "-L"))
+                            ("nvidia-smi", "-L"),
+                            no_device=((r"Found no NVIDIA driver", "no NVIDIA driver"),
+                                       (r"No CUDA GPUs are available", "no CUDA GPU available"),
+                                       (r"CUDA driver initialization failed", "CUDA driver initialization failed"),
+                                       (r"Torch not compiled with CUDA enabled", "torch has no CUDA (CPU build)"),
+                                       (r"NVML Shared Library Not Found|libnvidia-ml\.so(?:\.1)?: cannot open",
+                                        "NVML (driver) not found"),
+                                       (r"cudaGetDeviceCount|CUDA_ERROR_NO_DEVICE|no CUDA-capable device is detected",
+                                        "no CUDA device")),
+                            driver_lib="libcuda", driver_label="NVIDIA driver")
 ROCM_KIND = AcceleratorKind("rocm", "ROCm", "rocm", "hip",
                             ("--device", "/dev/kfd", "--device", "/dev/dri", "--group-add", "video"),
-                            ("/dev/kfd",), ("rocm-smi", "--showproductname"))
+                            ("/dev/kfd",), ("rocm-smi", "--showproductname"),
+                            no_device=((r"No HIP GPUs are available", "no ROCm GPU available"),
+                                       (r"hipErrorNoDevice|no ROCm-capable device is detected", "no ROCm device"),
+                                       (r"HIP driver initialization failed|hipErrorNoBinaryForGpu.*no GPU",
+                                        "HIP driver initialization failed")),
+                            driver_label="AMD GPU driver (amdgpu)")  # user space comes in the torch wheel
 CPU_KIND = AcceleratorKind("cpu", "CPU", "cpu", None)
 ACCELERATORS = {k.name: k for k in (CUDA_KIND, ROCM_KIND, CPU_KIND)}
 CPU = "cpu"  # the variant tag of a CPU-only torch build
