@@ -104,3 +104,26 @@ def test_the_command_line_refuses_an_unknown_kernel_and_names_the_known_ones(cap
     assert "flashinfer-sampling" in capsys.readouterr().err
     assert jit.main([]) == 2
     assert {k.name for k in JIT_KERNELS} == {"flashinfer-sampling"}
+
+
+@pytest.mark.network
+def test_torchs_architectures_are_read_from_its_libraries_without_a_gpu(tmp_path, monkeypatch):
+    """torch.cuda.get_arch_list() is [] on a machine without a GPU (an image build): the list comes
+    from the fatbins of torch's libraries. A real CUDA library (NVIDIA's cuRAND wheel) stands in
+    for libtorch_cuda.so."""
+    import zipfile
+
+    from envbuild.probe.fatbin import read_coverage
+    from test_fatbin import _wheel
+
+    site = tmp_path / "site"
+    (site / "torch" / "lib").mkdir(parents=True)
+    (site / "torch" / "__init__.py").write_text("raise ImportError('torch is never imported here')\n")
+    with zipfile.ZipFile(_wheel("nvidia-curand-cu12")) as z:
+        name = next(n for n in z.namelist() if "/libcurand.so" in n)
+        (site / "torch" / "lib" / "libtorch_cuda.so").write_bytes(z.read(name))
+    monkeypatch.syspath_prepend(str(site))
+    cov = read_coverage(site / "torch" / "lib" / "libtorch_cuda.so")
+    got = jit.torch_archs()
+    assert got == [f"sm_{a}" for a in sorted(cov.sass)] + [f"compute_{a}" for a in sorted(cov.ptx)]
+    assert got and all(a.startswith(("sm_", "compute_")) for a in got)

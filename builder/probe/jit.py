@@ -32,6 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .fatbin import Coverage, scan
 from .vocab import JIT_KERNELS, JitKernel
 
 KERNEL = {k.name: k for k in JIT_KERNELS}
@@ -61,11 +62,16 @@ def nvcc_version(path: str) -> tuple[int, int] | None:
     return (int(m[0][0]), int(m[0][1])) if m else None
 
 
-def torch_archs(python: str = sys.executable) -> list[str]:
-    """torch's own list (torch.cuda.get_arch_list: no GPU needed): `sm_XY` kernels, `compute_XY` PTX."""
-    out = subprocess.run([python, "-c", "import torch; print(' '.join(torch.cuda.get_arch_list()))"],
-                         capture_output=True, text=True, timeout=300)
-    return [a for a in out.stdout.split() if re.fullmatch(r"(sm|compute)_\d+", a)]
+def torch_archs() -> list[str]:
+    """The kernels torch carries, read from its libraries' fatbins (`sm_XY` SASS, `compute_XY` PTX):
+    torch.cuda.get_arch_list() answers [] without a GPU, and an image is built without one."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    cov = Coverage()
+    for c in scan(Path(list(spec.submodule_search_locations)[0]) / "lib").values():
+        cov.merge(c)
+    return [f"sm_{a}" for a in sorted(cov.sass)] + [f"compute_{a}" for a in sorted(cov.ptx)]
 
 
 def targets(archs: list[str], cuda: tuple[int, int]) -> tuple[list[str], str]:
@@ -115,7 +121,7 @@ def build(names: list[str], python: str = sys.executable, archs: list[str] | Non
 
     cc = nvcc()
     cuda = nvcc_version(cc) if cc else None
-    archs = torch_archs(python) if archs is None else archs
+    archs = torch_archs() if archs is None else archs
     for name in names:
         k = KERNEL[name]
         version = installed(k)
