@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
 
 from .index import Metadata, snapshot
@@ -33,8 +35,13 @@ def run(args) -> int:
         json.dump(out, sys.stdout, indent=2)
         print()
         return 0
-    cols = ("id", "platform", "cuda", "python", "torch", "engine", "engine_version", "verl")
+    cols = ["id", "platform", "cuda", "python", "torch", "engine", "engine_version", "verl"]
     widths = [max([len(c)] + [len(str(r[c])) for r in rows]) for c in cols]
+    # A terminal narrower than the table: the id holds every other column, so those go first,
+    # right to left, until it fits (piped output keeps them all, unless COLUMNS says otherwise).
+    room = _terminal_columns()
+    while room and len(cols) > 1 and sum(widths) + 2 * (len(cols) - 1) > room:
+        cols.pop(), widths.pop()
     print("  ".join(c.upper().ljust(w) for c, w in zip(cols, widths)))
     for r in rows:
         print("  ".join(str(r[c] or "-").ljust(w) for c, w in zip(cols, widths)))
@@ -45,6 +52,15 @@ def run(args) -> int:
         for e in pl.excluded:
             print(f"excluded {e.combo.id}: {e.reason}")
     return 0
+
+
+def _terminal_columns() -> int | None:
+    """The terminal's width when stdout is one (or COLUMNS is set); None for a pipe."""
+    if os.environ.get("COLUMNS", "").isdigit():
+        return int(os.environ["COLUMNS"])
+    if sys.stdout.isatty():
+        return shutil.get_terminal_size().columns
+    return None
 
 
 def _refresh(args, meta) -> None:

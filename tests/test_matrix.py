@@ -1,6 +1,7 @@
 """Matrix loading, validation, expansion and selectors (offline: recorded metadata)."""
 
 import json
+import os
 import re
 from types import SimpleNamespace
 
@@ -463,3 +464,17 @@ def test_a_version_listed_twice_is_refused_with_its_place(tmp_path, field, dup):
     with pytest.raises(InputError, match="listed twice") as e:
         load_matrix(f)
     assert str(f) in str(e.value)
+
+
+def test_plan_fits_the_terminal_by_dropping_what_the_id_already_says(run_cli):
+    """Issue 50: `plan` on a narrow terminal. The id holds every column, so the others go, right
+    to left, until the table fits; a pipe without COLUMNS keeps them all."""
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    full = run_cli("plan", "--verl", "0.9.1", "--engine", "sglang", env={**env, "COLUMNS": ""})
+    assert full.returncode == 0 and full.stdout.splitlines()[0].split()[-1] == "VERL"
+    narrow = run_cli("plan", "--verl", "0.9.1", "--engine", "sglang", env={"COLUMNS": "70"})
+    lines = narrow.stdout.splitlines()
+    assert narrow.returncode == 0 and lines[0].split() == ["ID", "PLATFORM"]
+    assert all(len(ln.rstrip()) <= 70 for ln in lines[:-1])  # the summary line is prose
+    ids = [ln.split()[0] for ln in full.stdout.splitlines()[1:-1]]
+    assert ids == [ln.split()[0] for ln in lines[1:-1]]  # the same rows, nothing lost but columns
