@@ -99,6 +99,28 @@ def test_the_librarys_own_ahead_of_time_package_wins(fake_library):
     assert not (site / "fakefi" / "data" / "aot").exists()
 
 
+def test_the_module_is_stripped_of_what_differs_from_build_to_build(tmp_path):
+    """nvcc's temporary file names (tmpxft_<pid>_...) end up in static symbols; the exported ones
+    stay, so the library still finds its functions."""
+    import shutil
+    import subprocess
+    if not (shutil.which("gcc") and shutil.which("strip") and shutil.which("readelf")):
+        pytest.skip("needs gcc and binutils")
+    outs = []
+    for pid in ("00001b4d", "00002c5e"):  # two builds: the static name differs as nvcc's does
+        src = tmp_path / f"m{pid}.c"
+        src.write_text(f"static int tmpxft_{pid}_init(void) {{ return 1; }}\n"
+                       f"int exported(void) {{ return tmpxft_{pid}_init(); }}\n")
+        so = tmp_path / f"m{pid}.so"
+        subprocess.run(["gcc", "-shared", "-fPIC", "-O0", "-o", str(so), str(src)], check=True)
+        assert "tmpxft_" in subprocess.run(["readelf", "-s", str(so)], capture_output=True, text=True).stdout
+        assert jit.reproducible(so)
+        syms = subprocess.run(["readelf", "--dyn-syms", "-s", str(so)], capture_output=True, text=True).stdout
+        assert "tmpxft_" not in syms and "exported" in syms
+        outs.append(so)
+    assert outs[0].read_bytes() != b"" and jit.reproducible(tmp_path / "missing.so") is False
+
+
 def test_a_step_that_breaks_never_fails_the_image(monkeypatch, capsys):
     def boom(*a, **k):
         raise OSError("torch/lib: Input/output error")

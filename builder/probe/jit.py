@@ -103,6 +103,15 @@ print(spec.jit_library_path)
 """
 
 
+def reproducible(lib: Path) -> bool:
+    """nvcc names its temporary files after its process id and those names land in the module's
+    static symbols, so two builds differ; `strip --strip-unneeded` drops them (the exported
+    symbols and the kernels stay): two builds of FlashInfer's sampler were then byte-identical
+    and loaded with the same functions."""
+    exe = shutil.which("strip")
+    return bool(exe) and subprocess.run([exe, "--strip-unneeded", str(lib)], capture_output=True).returncode == 0
+
+
 def aot_path(k: JitKernel) -> Path | None:
     spec = importlib.util.find_spec(k.package)
     if spec is None or not spec.submodule_search_locations:
@@ -148,9 +157,11 @@ def build(names: list[str], python: str = sys.executable, archs: list[str] | Non
                 tail = ((p.stderr or p.stdout).strip().splitlines() or ["no output"])[-1]
                 say(name, f"not built ({tail[:300]}); the engine compiles it on first use")
                 continue
+            same = reproducible(lib)
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(lib, dest)
-        say(name, f"{k.dist} {version} for {' '.join(tg)} in {time.perf_counter() - t0:.1f} s -> {dest}")
+        say(name, f"{k.dist} {version} for {' '.join(tg)} in {time.perf_counter() - t0:.1f} s -> {dest}"
+                  + ("" if same else " (strip failed: this layer differs from build to build)"))
     return said
 
 
