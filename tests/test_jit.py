@@ -141,15 +141,23 @@ def test_torchs_architectures_are_read_from_its_libraries_without_a_gpu(tmp_path
     """torch.cuda.get_arch_list() is [] on a machine without a GPU (an image build): the list comes
     from the fatbins of torch's libraries. A real CUDA library (NVIDIA's cuRAND wheel) stands in
     for libtorch_cuda.so."""
+    import subprocess
+    import sys
     import zipfile
 
     from envbuild.probe.fatbin import read_coverage
-    from test_fatbin import _wheel
+    from test_fatbin import WHEELS
 
     site = tmp_path / "site"
     (site / "torch" / "lib").mkdir(parents=True)
     (site / "torch" / "__init__.py").write_text("raise ImportError('torch is never imported here')\n")
-    with zipfile.ZipFile(_wheel("nvidia-curand-cu12")) as z:
+    # test_fatbin's copy when it is there; else one of our own (no two workers write one file)
+    wheel = next(iter(sorted(WHEELS.glob("nvidia_curand_cu12-*.whl"))), None)
+    if wheel is None:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                        "-d", str(tmp_path / "w"), "nvidia-curand-cu12"], check=True, timeout=900)
+        wheel = next((tmp_path / "w").glob("*.whl"))
+    with zipfile.ZipFile(wheel) as z:
         name = next(n for n in z.namelist() if "/libcurand.so" in n)
         (site / "torch" / "lib" / "libtorch_cuda.so").write_bytes(z.read(name))
     monkeypatch.syspath_prepend(str(site))
