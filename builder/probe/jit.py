@@ -20,6 +20,7 @@ Standard library only at import (the probe's rule); the library is imported in a
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.metadata as md
 import importlib.util
 import json
@@ -65,7 +66,7 @@ def nvcc_version(path: str) -> tuple[int, int] | None:
 def torch_archs() -> list[str]:
     """The kernels torch carries, read from its libraries' fatbins (`sm_XY` SASS, `compute_XY` PTX):
     torch.cuda.get_arch_list() answers [] without a GPU, and an image is built without one."""
-    spec = importlib.util.find_spec("torch")
+    spec = _where("torch")
     if spec is None or not spec.submodule_search_locations:
         return []
     cov = Coverage()
@@ -112,8 +113,14 @@ def reproducible(lib: Path) -> bool:
     return bool(exe) and subprocess.run([exe, "--strip-unneeded", str(lib)], capture_output=True).returncode == 0
 
 
+def _where(package: str):
+    """A package's spec from sys.path, never from sys.modules (importlib.util.find_spec answers an
+    imported module's spec, whatever sys.path says now)."""
+    return importlib.machinery.PathFinder.find_spec(package)
+
+
 def aot_path(k: JitKernel) -> Path | None:
-    spec = importlib.util.find_spec(k.package)
+    spec = _where(k.package)
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(list(spec.submodule_search_locations)[0]) / k.aot / k.aot_name / f"{k.aot_name}.so"
