@@ -55,8 +55,8 @@ def selector_values(matrix_path=None) -> dict[str, list[str]]:
     except Exception:  # the metadata cannot answer offline: the declared torch values still complete
         pass
     return {"--cuda": list(m.cuda), "--python": _sorted_versions(m.python), "--torch": _sorted_versions(torch),
-            **{f"--{e}": _sorted_versions(m.engines.get(e) or []) for e in VERSIONED_ENGINES},
-            "--verl": _sorted_versions(m.verl)}
+            **{f"--{e}": _sorted_versions(m.releases(e)) for e in VERSIONED_ENGINES},
+            "--verl": _sorted_versions(m.releases("verl"))}
 
 
 def _walk(parser: argparse.ArgumentParser, cmd: Command, selectors: dict[str, list[str]]) -> None:

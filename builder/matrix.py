@@ -73,6 +73,12 @@ class Matrix:
     pytorch_index: str | None = None  # a mirror of the PyTorch index (root of cu126/, ...)
     platforms: list[str] = field(default_factory=lambda: [DEFAULT_PLATFORM])
 
+    def releases(self, axis: str) -> list[str]:
+        """The releases the matrix declares for `verl` or a versioned engine: its axis and what its
+        includes name (selectors, completion and the recorded metadata all ask here)."""
+        axis_values = self.verl if axis == "verl" else (self.engines.get(axis) or [])
+        return list(dict.fromkeys([*axis_values, *(i[axis] for i in self.include if i.get(axis))]))
+
 
 @dataclass(frozen=True)
 class Excluded:
@@ -382,12 +388,10 @@ def plan(m: Matrix, sel: Selectors | None = None, meta=None, undeclared: bool = 
     meta = meta or Metadata()
     notes = []
     if sel.engine and ENGINE[sel.engine].versioned and sel.engine_version:
-        # A release an include names is one the matrix declares.
-        declared = (m.engines.get(sel.engine) or []) + [i[sel.engine] for i in m.include if i.get(sel.engine)]
-        ev, note = release_of(sel.engine_version, declared, f"--{sel.engine}", undeclared)
+        ev, note = release_of(sel.engine_version, m.releases(sel.engine), f"--{sel.engine}", undeclared)
         sel, notes = replace(sel, engine_version=ev), notes + [note] * bool(note)
     if sel.verl:
-        v, note = release_of(sel.verl, m.verl + [i["verl"] for i in m.include], "--verl", undeclared)
+        v, note = release_of(sel.verl, m.releases("verl"), "--verl", undeclared)
         sel, notes = replace(sel, verl=v), notes + [note] * bool(note)
     engines = dict(m.engines)
     if sel.engine:

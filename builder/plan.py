@@ -67,12 +67,9 @@ def _refresh(args, meta) -> None:
     """Fetch metadata for every release the matrix names and record it (matrix/metadata.json)."""
     m = matrix_from_args(args)
     meta._snap = {}  # read everything afresh (the disk cache still saves requests)
-    # Every release the matrix names: its axes and its includes (an include may name a release the
-    # axes do not, and planning it offline needs its metadata too).
-    engine_releases = {(eng, v) for eng, versions in m.engines.items() for v in versions if v}
-    engine_releases |= {(e, inc[e]) for inc in m.include for e in m.engines if inc.get(e)}
-    verls = sorted(set(m.verl) | {inc["verl"] for inc in m.include})
-    keys = [("verl", v) for v in verls]
+    # Every release the matrix names, its includes' too (planning one offline needs its metadata).
+    engine_releases = {(eng, v) for eng in m.engines for v in m.releases(eng) if v}
+    keys = [("verl", v) for v in sorted(m.releases("verl"))]
     keys += [(dist_of(eng), v) for eng, v in sorted(engine_releases)]
     torches = set(m.torch or [])
     torches |= {inc["torch"] for inc in m.include if "torch" in inc}

@@ -146,6 +146,10 @@ def test_an_include_with_a_reason_is_planned_past_a_rule_and_one_without_is_not(
                                             meta=OFFLINE, undeclared=False).combos} == {"0.8.5.post1"}
     with pytest.raises(EnvbuildError, match="not a release the matrix declares"):
         plan(m, Selectors(engine="vllm", engine_version="0.8.5.post1"), meta=OFFLINE, undeclared=False)
+    assert inc.releases("vllm") == ["0.8.4", "0.9.1", "0.8.5.post1"] and m.releases("vllm") == ["0.8.4", "0.9.1"]
+    # completion offers what selection accepts
+    from envbuild.completion import selector_values
+    assert "0.8.5.post1" in selector_values(tmp_path / "m.yaml")["--vllm"]
     # without a reason an include is one more combination for the rules to judge
     m = load_matrix(write(tmp_path, base + '  - {verl: "0.4.1", vllm: "0.9.1", cuda: cu126}\n'))
     p = plan(m, meta=OFFLINE)
