@@ -2,7 +2,6 @@
 # Run with an empty HOME, with and without a prebuilt module in FlashInfer's AOT folder:
 #   HOME=$(mktemp -d) /tmp/row-venv/bin/python bench/flashinfer_first_call.py cold
 # (measured on the H100: bench/verl_step/sglang_h100.json, flashinfer_sampler_ahead_of_time)
-# time FlashInfer's first top-k/top-p sampling call (the call vLLM's sampler makes) in this HOME
 import time, sys
 t0 = time.perf_counter()
 import torch, flashinfer.sampling as s

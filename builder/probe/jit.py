@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.metadata as md
-import importlib.util
 import json
 import os
 import re
@@ -33,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .fatbin import Coverage, scan
+from .fatbin import Coverage, parse_sm, scan
 from .vocab import JIT_KERNELS, JitKernel
 
 KERNEL = {k.name: k for k in JIT_KERNELS}
@@ -82,8 +81,10 @@ def targets(archs: list[str], cuda: tuple[int, int]) -> tuple[list[str], str]:
     if ptx:  # torch then also runs on GPUs after its list, where no prebuilt module could follow
         return [], f"torch carries PTX ({ptx[0]}) for GPUs after its list, which a prebuilt module cannot follow"
     for a in archs:
-        n = a[3:]
-        major, minor = int(n[:-1]), int(n[-1])
+        cc = parse_sm(a)
+        if cc is None:
+            return [], f"torch lists {a!r}, which is not a GPU architecture envbuild reads"
+        major, minor = divmod(cc, 10)
         if major < 9:
             out.append(f"{major}.{minor}")
         elif major == 9:
@@ -145,7 +146,7 @@ def build(names: list[str], python: str = sys.executable, archs: list[str] | Non
         if version is None or dest is None:
             say(name, f"not built: {k.dist} is not installed")
             continue
-        if importlib.util.find_spec(k.aot_package) is not None:
+        if _where(k.aot_package) is not None:
             say(name, f"not built: {k.aot_package} (the library's own ahead-of-time package) is installed")
             continue
         if not cc or not cuda:

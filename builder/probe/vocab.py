@@ -151,9 +151,9 @@ VERL_RUNTIME_EXTRAS = ("verl-core",)
 @dataclass(frozen=True)
 class JitKernel:
     """A kernel an engine's library compiles with nvcc on its first use, which an image compiles
-    ahead of time (probe/jit.py): one home for what the build step and the probe need to know.
+    ahead of time (probe/jit.py): one home for what the render and the build step need to know.
 
-    name       what the image and the record call it
+    name       what the Dockerfile's step and its log call it
     dist       the distribution that compiles it: a lock that pins it gets the build step
     module, spec  the library's own builder: `module.spec()` returns its JIT spec (`.build()`,
                `.jit_library_path`)
