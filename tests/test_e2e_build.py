@@ -54,11 +54,10 @@ def services():
 def base(services):
     from envbuild.base import bootstrap, default_bootstrap_ref
 
-    existed = services.image_exists(default_bootstrap_ref())
-    ref = bootstrap(services).ref
-    yield ref
-    if not existed:  # leave a base that was there before; remove the one we made
-        services.remove(ref)
+    # The base stays: it is shared with the other docker tests, which run beside this module
+    # (pytest -n) and build FROM it; removing it at teardown failed one of them mid-build.
+    assert bootstrap(services).ref == default_bootstrap_ref()
+    return default_bootstrap_ref()
 
 
 def cli(*args, env=None, timeout=3600):

@@ -48,6 +48,7 @@ def test_build_and_probe_a_torch_from_the_pytorch_index(tmp_path):
         recs = sorted((results / "records" / CID).glob("*.json"))
         assert recs, p.stdout + p.stderr
         rec = json.loads(recs[-1].read_text())
+        assert rec["stage"] != "build", (rec["cause"], rec["detail"], p.stderr[-2000:])
         # the lock took torch from the mirror, by its hash
         torch_txt = (results / "locks" / CID / "torch.txt").read_text()
         assert "torch==2.13.0+cu128" in torch_txt and f"--hash=sha256:{served}" in torch_txt
