@@ -89,7 +89,9 @@ def main(argv=None) -> int:
     from envbuild.docker import detect
     from envbuild.index import Metadata
     from envbuild.lock import Locker
-    from envbuild.matrix import Selectors, load_matrix, plan
+    from envbuild.matrix import load_matrix
+    from envbuild.expand import plan
+    from envbuild.selector import Selectors
     from envbuild.paths import default_matrix
 
     engine = detect()

@@ -141,7 +141,8 @@ def base_lock(sel: list[str], work: Path) -> dict:
     from envbuild.base import bootstrap
     from envbuild.docker import detect
     from envbuild.index import Metadata
-    from envbuild.matrix import matrix_from_args, plan_from_args
+    from envbuild.matrix import matrix_from_args
+    from envbuild.expand import plan_from_args
 
     p = argparse.ArgumentParser()
     B.add_arguments(p)

@@ -141,7 +141,9 @@ def main(argv=None) -> int:
     from envbuild.docker import detect
     from envbuild.index import Metadata
     from envbuild.lock import Locker
-    from envbuild.matrix import load_matrix, plan, Selectors
+    from envbuild.matrix import load_matrix
+    from envbuild.expand import plan
+    from envbuild.selector import Selectors
     from envbuild.paths import default_matrix
 
     engine = detect()
@@ -254,7 +256,8 @@ def torch_pair(engine, m, meta, base_ref, args, work, images, ca) -> dict:
     from envbuild.values import Base
     from envbuild.index_config import default_index_url
     from envbuild.lock import Locker
-    from envbuild.matrix import Selectors, plan
+    from envbuild.expand import plan
+    from envbuild.selector import Selectors
     from envbuild.render import render_combo
 
     t1, t2 = args.torch_pair.split(",")

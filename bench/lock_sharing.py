@@ -22,7 +22,9 @@ from packaging.utils import parse_wheel_filename
 from envbuild.index import Metadata
 from envbuild.lock import Locker, wheel_tags
 from envbuild.lockfile import parse_lock
-from envbuild.matrix import load_matrix, plan, selectors_from_args
+from envbuild.matrix import load_matrix
+from envbuild.expand import plan
+from envbuild.selector import selectors_from_args
 from envbuild.paths import default_matrix
 
 PAIR = [dict(cuda="cu124", vllm="0.8.4", verl="0.4.1"), dict(cuda="cu124", vllm="0.8.4", verl="0.5.0")]

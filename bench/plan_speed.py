@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 from envbuild.index import Metadata
-from envbuild.matrix import load_matrix, plan
+from envbuild.matrix import load_matrix
+from envbuild.expand import plan
 from envbuild.paths import default_matrix
 
 

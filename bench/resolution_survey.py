@@ -118,7 +118,8 @@ def main() -> int:
     args = ap.parse_args()
     from envbuild.index import Metadata
     from envbuild.lock import Locker
-    from envbuild.matrix import load_matrix, plan
+    from envbuild.matrix import load_matrix
+    from envbuild.expand import plan
     from envbuild.paths import default_matrix
 
     m = load_matrix(args.matrix or default_matrix())

@@ -25,7 +25,8 @@ from .fsutil import write_atomic
 from .index import Metadata
 from .layers import ImageModel
 from .lock import Locker
-from .matrix import matrix_from_args, plan_from_args
+from .matrix import matrix_from_args
+from .expand import plan_from_args
 from .values import image_refs
 
 from .render import (BUILD_CONSTRAINTS, PROBE_DIR, STEP_SCRIPTS, STUBS_TAR, base_for, meta_path, read_meta,

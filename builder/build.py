@@ -25,7 +25,8 @@ from .image import REPOSITORY_ENV, add_repository_arg, repository_from_args
 from .index import Metadata
 from .index_config import default_index_url, pytorch_root
 from .lock import Locker
-from .matrix import matrix_from_args, plan_from_args
+from .matrix import matrix_from_args
+from .expand import plan_from_args
 from .outcome import exit_of_records
 from .probe_run import VerdictCache, probe_image_levels
 from .pipeline import DEFAULT_TIMEOUT, PROBE_CHOICES, BaseFutures, Builder, Options, run_all

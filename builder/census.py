@@ -31,7 +31,8 @@ from .progress import Heartbeat
 from .index import Metadata
 from .lock import Locker, ordered_wheel_tags
 from .lockfile import pins_of
-from .matrix import matrix_from_args, plan_from_args
+from .matrix import matrix_from_args
+from .expand import plan_from_args
 from .outcome import Verdict, exit_of_records, lock_record_status
 from .paths import cache_dir
 from .probe.vocab import ENGINE, dist_of

@@ -191,7 +191,7 @@ def _run_github(args) -> int:
     for p, text in files.items():
         write_atomic(p, text)
         print(p)
-    from .matrix import plan
+    from .expand import plan
     for line in checklist(m, len(plan(m).combos), gpu, labels, install):
         print(line, file=sys.stderr)
     return 0

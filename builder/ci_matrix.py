@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from .matrix import plan_from_args
+from .expand import plan_from_args
 from .probe.vocab import ENGINE
 from .selector import add_selector_args
 

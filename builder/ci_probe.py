@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from .errors import InputError
-from .matrix import plan_from_args
+from .expand import plan_from_args
 from .outcome import exit_of_records
 from .probe_run import jobs_from_results, probe_levels, record_probe
 from .selector import add_selector_args

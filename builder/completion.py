@@ -45,7 +45,8 @@ def _sorted_versions(vals) -> list[str]:
 
 def selector_values(matrix_path=None) -> dict[str, list[str]]:
     """Selector flag -> values from the matrix (and its plan, for torch)."""
-    from .matrix import load_matrix, plan
+    from .matrix import load_matrix
+    from .expand import plan
     from .paths import default_matrix
 
     m = load_matrix(matrix_path or default_matrix())

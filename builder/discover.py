@@ -25,7 +25,8 @@ from pathlib import Path
 
 from .errors import EnvbuildError
 from .fsutil import write_atomic
-from .matrix import _spec_match, load_matrix, matrix_from_args, plan
+from .matrix import load_matrix, matrix_from_args
+from .expand import _spec_match, plan
 from .probe.vocab import VERSIONED_ENGINES, dist_of
 from .index import Metadata
 

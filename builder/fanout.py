@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .docker import Engine
 from .errors import EnvbuildError, InfraError, InputError
-from .matrix import plan_from_args
+from .expand import plan_from_args
 from .outcome import Verdict, exit_of_records, unwritten
 from .probe_exec import DEFAULT_TIMEOUT
 from .probe_run import CONTAINER_PREFIX, ProbeJob, jobs_from_results, probe_levels, record_probe

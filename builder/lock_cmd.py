@@ -14,7 +14,8 @@ from pathlib import Path
 from .errors import InputError
 from .index import Metadata
 from .lock import LockResult, Locker, explain
-from .matrix import matrix_from_args, plan_from_args
+from .matrix import matrix_from_args
+from .expand import plan_from_args
 from .outcome import exit_of_lock
 from .selector import add_selector_args
 

@@ -8,7 +8,8 @@ import shutil
 import sys
 
 from .index import Metadata, snapshot
-from .matrix import matrix_from_args, plan_from_args
+from .matrix import matrix_from_args
+from .expand import plan_from_args
 from .paths import metadata_snapshot_for_write
 from .selector import add_selector_args
 from .probe.vocab import dist_of

@@ -26,7 +26,8 @@ from .errors import InputError
 from .fsutil import write_atomic
 from .layers import SEED_EXTRAS, SEED_STASH, STAGES, STEP_CACHE_DIR, ImageModel, expected_text, model_for
 from .lock import Locker, LockResult
-from .matrix import matrix_from_args, plan_from_args
+from .matrix import matrix_from_args
+from .expand import plan_from_args
 from .selector import add_selector_args
 from .values import Base, Combo
 from .outcome import exit_of_lock

@@ -36,7 +36,8 @@ from .lock import Locker, ordered_wheel_tags
 from .lockfile import text_of, pins_of
 from .probe.vocab import DEFAULT_PLATFORM, host_platform
 from .materialize import MANIFEST, SCHEMA, host_matches, read_manifest
-from .matrix import matrix_from_args, plan_from_args
+from .matrix import matrix_from_args
+from .expand import plan_from_args
 from .outcome import exit_of_lock
 from .selector import add_selector_args
 

@@ -16,7 +16,9 @@ import yaml
 from envbuild.values import sanitize_tag
 from envbuild.ci_matrix import combo_selectors
 from envbuild.workflow import ACTIONLINT_FILE, WORKFLOW_FILE
-from envbuild.matrix import Selectors, load_matrix, plan
+from envbuild.matrix import load_matrix
+from envbuild.expand import plan
+from envbuild.selector import Selectors
 from envbuild.paths import default_matrix
 from envbuild.render import context_hash
 

@@ -10,7 +10,8 @@ from packaging.version import Version
 
 from envbuild.discover import discover, patch_path, patch_text, run_discovery
 from envbuild.index import Metadata
-from envbuild.matrix import load_matrix, plan
+from envbuild.matrix import load_matrix
+from envbuild.expand import plan
 from envbuild.paths import default_matrix
 
 

@@ -17,7 +17,9 @@ from envbuild.fanout import Attempt, Outcome, write_outcome
 from envbuild.outcome import record_status
 from envbuild.probe_exec import expect_of
 from envbuild.probe_run import ProbeJob, jobs_from_results
-from envbuild.matrix import load_matrix, plan, Selectors
+from envbuild.matrix import load_matrix
+from envbuild.expand import plan
+from envbuild.selector import Selectors
 from envbuild.paths import default_matrix
 from envbuild.record import Record, iter_records, write_record
 from envbuild.fold import fold

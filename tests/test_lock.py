@@ -8,7 +8,9 @@ import pytest
 from envbuild.index import Metadata
 from envbuild.lock import Locker, era
 from envbuild.lockfile import layer_text, parse_lock
-from envbuild.matrix import load_matrix, plan, selectors_from_args
+from envbuild.matrix import load_matrix
+from envbuild.expand import plan
+from envbuild.selector import selectors_from_args
 from envbuild.paths import default_matrix
 
 UV_OUT = """\

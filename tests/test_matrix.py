@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from envbuild.errors import EnvbuildError, InputError
 from envbuild.index import Metadata
-from envbuild.matrix import load_matrix, plan
+from envbuild.matrix import load_matrix
+from envbuild.expand import plan
 from envbuild.selector import Selectors, selectors_from_args
 from envbuild.values import Combo
 from envbuild.paths import default_matrix

@@ -26,7 +26,7 @@ MAX_FLOORS = 12
 
 WRITERS = {"envbuild.docker", "envbuild.render", "envbuild.layers", "envbuild.base", "envbuild.build",
            "envbuild.pipeline", "envbuild.lock", "envbuild.index", "envbuild.attach", "envbuild.table",
-           "envbuild.fold", "envbuild.bake", "envbuild.push", "envbuild.matrix", "envbuild.probe_run"}
+           "envbuild.fold", "envbuild.bake", "envbuild.push", "envbuild.matrix", "envbuild.expand", "envbuild.probe_run"}
 READERS = {"envbuild.pick", "envbuild.verify", "envbuild.diff", "envbuild.views", "envbuild.notify",
            "envbuild.attest", "envbuild.query", "envbuild.doctor"}
 # The ground floors and everything each may reach (besides the probe package, the vocabulary's home).
