@@ -69,7 +69,8 @@ def _reaches(text: str, root: str) -> set[str]:
 def survey_one(locker, c) -> dict:
     from envbuild.index_config import torch_source
     from envbuild.lockfile import parse_lock
-    from envbuild.probe.vocab import ENGINE, dist_of, platform_machine
+    from envbuild.probe.vocab import ENGINE, dist_of
+    from envbuild.probe.hardware import platform_machine
 
     t0 = time.monotonic()
     res = locker.lock(c)

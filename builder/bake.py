@@ -18,7 +18,7 @@ from pathlib import Path
 from . import image
 from .selector import add_selector_args
 from .outcome import exit_of_lock
-from .probe.vocab import env_suffix
+from .probe.hardware import env_suffix
 from .probe.vocab import EXIT_INFRA
 from .errors import EnvbuildError, InfraError, InputError
 from .fsutil import write_atomic

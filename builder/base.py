@@ -31,7 +31,8 @@ from .errors import EnvbuildError, InfraError, InputError
 from .fsutil import exclusive
 from .paths import cache_dir
 from .values import IMAGE_RE, Base, registry_host, split_ref
-from .probe.vocab import DEFAULT_PLATFORM, PLATFORMS, host_platform, parse_platform, platform_arch, platform_machine
+from .probe.hardware import (DEFAULT_PLATFORM, PLATFORMS, host_platform, parse_platform, platform_arch,
+                             platform_machine)
 
 # Bump when the recipe below changes in a way that changes the image.
 RECIPE = 1

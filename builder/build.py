@@ -36,7 +36,7 @@ from .record import latest_by_combo
 from .render import render_combo
 from .selector import add_selector_args
 from .values import Base, registry_host
-from .probe.vocab import DEFAULT_PLATFORM, host_platform
+from .probe.hardware import DEFAULT_PLATFORM, host_platform
 
 CA_ENV = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
 DEFAULT_RESULTS = "results"

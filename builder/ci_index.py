@@ -8,7 +8,7 @@ from __future__ import annotations
 from .errors import InputError
 from .index_config import pytorch_root, torch_index_url
 from .matrix import matrix_from_args
-from .probe.vocab import parse_variant
+from .probe.hardware import parse_variant
 
 
 def add_arguments(p) -> None:

@@ -30,7 +30,7 @@ from typing import Callable
 from .errors import InfraError
 from . import push as pushing
 from .values import split_ref
-from .probe.vocab import host_platform, platform_arch
+from .probe.hardware import host_platform, platform_arch
 
 DAEMON_DOWN = re.compile(r"Cannot connect to the Docker daemon|Is the docker daemon running|"
                          r"error during connect|connect: no such file or directory|"

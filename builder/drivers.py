@@ -10,7 +10,7 @@ GPUs can also run a newer toolkit on an older driver with the forward-compatibil
 
 from __future__ import annotations
 
-from .probe.vocab import parse_variant
+from .probe.hardware import parse_variant
 
 MIN_DRIVER_LINUX = {
     "11.8": "520.61.05",
@@ -34,7 +34,7 @@ FORWARD_COMPAT_NOTE = ("An older driver of the same CUDA major version (at least
                        "for a newer toolkit on an older driver.")
 
 
-# The driver tables per accelerator kind (vocab.ACCELERATORS): ROCm's would go beside CUDA's.
+# The driver tables per accelerator kind (hardware.ACCELERATORS): ROCm's would go beside CUDA's.
 MIN_DRIVER = {"cuda": MIN_DRIVER_LINUX}
 
 

@@ -18,7 +18,8 @@ from .index import Metadata
 from .matrix import UNVERSIONED, ExcludeRule, Matrix, matrix_from_args
 from .selector import Selectors, narrow, release_of, selectors_from_args, version_matches
 from .values import Combo
-from .probe.vocab import DEFAULT_PLATFORM, ENGINE, VERSIONED_ENGINES, dist_of, platform_machine
+from .probe.vocab import ENGINE, VERSIONED_ENGINES, dist_of
+from .probe.hardware import DEFAULT_PLATFORM, platform_machine
 
 
 @dataclass(frozen=True)

@@ -26,10 +26,9 @@ from .outcome import Check, Verdict
 from .record import is_census, is_in_place, is_placed
 from .values import combo_id, combo_tag
 from .row import Combo, Entry, Failure, HistoryEntry, Image, Row, parse_pinned, parse_utc
-from .probe.vocab import (
-    ERROR, FAIL, LEVELS, NEEDS_GPU, PASS, TIMEOUT, is_decisive, is_failing, levels_upto, scope_label,
-    worst_status,
-)
+from .probe.vocab import (ERROR, FAIL, LEVELS, NEEDS_GPU, PASS, TIMEOUT, is_decisive, is_failing, levels_upto,
+                          worst_status)
+from .probe.features import scope_label
 
 _DETAIL_MAX = 600
 

@@ -1,6 +1,6 @@
 """What this machine has: the one place that asks whether a GPU is here and which.
 
-Every accelerator kind says, in its descriptor (vocab.ACCELERATORS), which device files mean one
+Every accelerator kind says, in its descriptor (hardware.ACCELERATORS), which device files mean one
 is present and which command lists them; `accelerator()` asks them in order. `nvidia_gpus()`
 reads the details doctor and pick need (name, driver, compute capability).
 """
@@ -12,7 +12,7 @@ import shutil
 import subprocess
 from functools import lru_cache
 
-from .probe.vocab import ACCELERATORS, AcceleratorKind
+from .probe.hardware import ACCELERATORS, AcceleratorKind
 
 
 def _answers(argv: tuple[str, ...]) -> bool:

@@ -24,7 +24,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 from .errors import EnvbuildError, InfraError
-from .probe.vocab import ENGINE, dist_of, variant_of
+from .probe.vocab import ENGINE, dist_of
+from .probe.hardware import variant_of
 from .fsutil import write_atomic, write_json_atomic
 from .paths import cache_dir, metadata_snapshot
 from .index_config import default_index_url, redact

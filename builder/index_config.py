@@ -19,7 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from .errors import InfraError, InputError
-from .probe.vocab import parse_variant
+from .probe.hardware import parse_variant
 
 PYTORCH_INDEX_ENV = "ENVBUILD_PYTORCH_INDEX"
 # The public PyTorch index (one folder per variant: cu126/, cu128/, ...); a mirror replaces it

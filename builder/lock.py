@@ -59,7 +59,8 @@ from .values import Combo
 
 from .paths import cache_dir
 from .scratch import scratch_dir
-from .probe.vocab import DEFAULT_PLATFORM, ENGINE, VERL_RUNTIME_EXTRAS, dist_of, platform_machine
+from .probe.vocab import ENGINE, VERL_RUNTIME_EXTRAS, dist_of
+from .probe.hardware import DEFAULT_PLATFORM, platform_machine
 
 LAYERS = ("torch", "engine", "verl")
 # Build backends an sdist commonly asks for; pinned as of the era in the build constraints.

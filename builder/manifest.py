@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Iterable
 from .errors import InfraError, InputError
 from .values import image_refs, split_ref
 from .record import Record
-from .probe.vocab import DEFAULT_PLATFORM, parse_platform, platform_arch
+from .probe.hardware import DEFAULT_PLATFORM, parse_platform, platform_arch
 
 if TYPE_CHECKING:  # envbuild.registry (oras, requests: ~0.35 s) is imported where a registry is
     # asked: build imports this module, and `envbuild --help` imports every command's module.

@@ -31,7 +31,7 @@ from .progress import Heartbeat
 from .fsutil import write_json_atomic
 from .lockfile import parse_lock, pins_of
 from .paths import templates_dir
-from .probe.vocab import DEFAULT_PLATFORM, host_platform, platform_machine
+from .probe.hardware import DEFAULT_PLATFORM, host_platform, platform_machine
 from .selector import add_selector_args, selectors_from_args
 
 ROW_FILE = "envbuild-row.json"  # in the venv: which row it is, and what it took from the node

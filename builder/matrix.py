@@ -17,8 +17,8 @@ from . import yamlsafe
 from .errors import InputError
 from .paths import default_matrix
 from .values import IMAGE_RE, VariantEntry
-from .probe.vocab import (DEFAULT_PLATFORM, ENGINE, ENGINES, PLATFORMS, VERSIONED_ENGINES, parse_variant,
-                          variant_of)
+from .probe.vocab import ENGINE, ENGINES, VERSIONED_ENGINES
+from .probe.hardware import DEFAULT_PLATFORM, PLATFORMS, parse_variant, variant_of
 
 # Field patterns, used with fullmatch. They end in \Z, not $ ($ also matches before a trailing
 # newline, which then reaches Dockerfiles, lock headers and directory names), so a stray

@@ -19,7 +19,8 @@ from .query import DEFAULT_LEVEL, Answer, Ask, answer, versions_in, why_not
 from .row import Row, Table
 from .runscope import add_run_arguments, scopes_from_args
 from .selector import add_selector_args, selectors_from_args
-from .probe.vocab import DEFAULT_PLATFORM, LEVELS, host_platform
+from .probe.vocab import LEVELS
+from .probe.hardware import DEFAULT_PLATFORM, host_platform
 
 # `verify` (and with it urllib, ssl, the config reader) is imported inside run(): `pick`'s whole
 # process must start in under 200 ms on a 1,000-row signed table (bench/pick_speed.py measures it).

@@ -47,7 +47,8 @@ from .progress import PlainProgress
 from .record import Record, write_record
 from .secretfiles import secret_files
 from .values import Base, image_refs
-from .probe.vocab import LEVELS, host_platform
+from .probe.vocab import LEVELS
+from .probe.hardware import host_platform
 
 DEFAULT_TIMEOUT = 3600  # seconds per build
 # `envbuild build --probe X` -> the probe levels run, in order (auto: gpu where a GPU is, else cpu).

@@ -16,7 +16,8 @@ from .probe_exec import DEFAULT_TIMEOUT, probe_here
 from .probe_run import probe_image
 from .selector import selectors_from_args
 from .outcome import exit_of_verdict
-from .probe.vocab import DEFAULT_ENGINE, LEVELS, parse_variant, QUIET
+from .probe.vocab import DEFAULT_ENGINE, LEVELS, QUIET
+from .probe.hardware import parse_variant
 
 # ----------------------------------------------------------------------------- CLI
 def add_arguments(p) -> None:

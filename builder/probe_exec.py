@@ -43,7 +43,7 @@ STOP = (FAIL, TIMEOUT, "error")  # a level with this status ends the run: later 
 
 def expect_of(combo) -> dict:
     """The one builder of what the probe checks an image against (a Combo or its dict). The
-    accelerator variant goes as its tag (cu124): the probe parses any spelling (vocab.parse_variant)."""
+    accelerator variant goes as its tag (cu124): the probe parses any spelling (hardware.parse_variant)."""
     d = combo if isinstance(combo, dict) else combo.to_dict()
     out = {"cuda": d.get("cuda") or "", "torch": d.get("torch"),
            "engine_version": d.get("engine_version"), "verl": d.get("verl"), "platform": d.get("platform")}

@@ -29,7 +29,9 @@ from dataclasses import dataclass, field, replace
 
 from .row import Row, Table, parse_pinned
 from .selector import Selectors, from_flags, version_matches
-from .probe.vocab import DECISIVE, DEFAULT_PLATFORM, FAILING, LEVELS, PASS, level_rank, model_types, scope_flag
+from .probe.vocab import DECISIVE, FAILING, LEVELS, PASS, level_rank
+from .probe.features import model_types, scope_flag
+from .probe.hardware import DEFAULT_PLATFORM
 
 DEFAULT_LEVEL = "contract"  # env only proves versions; contract proves verl's rollout imports
 STANDING = {"verified": 4, "unpinned": 3, "untested": 2, "broken": 1}

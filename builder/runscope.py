@@ -1,4 +1,4 @@
-"""What a user's verl run enters beyond verl's core path: the scopes (vocab.FEATURE_SPECS, `model:T`)
+"""What a user's verl run enters beyond verl's core path: the scopes (features.FEATURE_SPECS, `model:T`)
 of a verl YAML config, a launch script with `main_ppo` overrides, or `--feature`/`--model-type` flags.
 
 pick and doctor ask through it, so a run is read one way: a feature is entered when one of its
@@ -14,7 +14,7 @@ import re
 import shlex
 
 from .errors import InputError
-from .probe.vocab import FEATURE, FEATURE_SPECS, FEATURES, MODEL_SCOPE, parse_scope
+from .probe.features import FEATURE, FEATURES, FEATURE_SPECS, MODEL_SCOPE, parse_scope
 
 MODEL_PATH = "actor_rollout_ref.model.path"
 MAX_SCRIPT_BYTES = 1 << 20

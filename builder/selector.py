@@ -23,7 +23,8 @@ from functools import lru_cache
 from packaging.version import InvalidVersion, Version
 
 from .errors import InputError
-from .probe.vocab import DEFAULT_PLATFORM, ENGINE_SPECS, ENGINES, PLATFORMS, parse_platform, parse_variant, variant_tag
+from .probe.vocab import ENGINES, ENGINE_SPECS
+from .probe.hardware import DEFAULT_PLATFORM, PLATFORMS, parse_platform, parse_variant, variant_tag
 
 _PY_RE = re.compile(r"3\.\d{1,2}")
 _WHERE = "command line"
@@ -31,13 +32,13 @@ _WHERE = "command line"
 
 @dataclass(frozen=True)
 class Selectors:
-    cuda: str | None = None  # an accelerator variant's tag: cu126 (vocab.Variant)
+    cuda: str | None = None  # an accelerator variant's tag: cu126 (hardware.Variant)
     python: str | None = None
     torch: str | None = None
     engine: str | None = None  # vllm | sglang | hf
     engine_version: str | None = None
     verl: str | None = None
-    platform: str | None = None  # linux/amd64 | linux/arm64 (vocab.parse_platform)
+    platform: str | None = None  # linux/amd64 | linux/arm64 (hardware.parse_platform)
 
     def any(self) -> bool:
         return any(v for v in asdict(self).values())

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
-from .probe.vocab import DEFAULT_PLATFORM, platform_arch
+from .probe.hardware import DEFAULT_PLATFORM, platform_arch
 
 # A docker image reference: registry/path:tag@digest, nothing a shell would interpret.
 IMAGE_RE = re.compile(r"[a-z0-9][a-z0-9._/:-]{0,253}[a-z0-9](?::\w[\w.-]{0,127})?(?:@sha256:[0-9a-f]{64})?\Z",
@@ -23,7 +23,7 @@ IMAGE_RE = re.compile(r"[a-z0-9][a-z0-9._/:-]{0,253}[a-z0-9](?::\w[\w.-]{0,127})
 class VariantEntry:
     """The matrix's entry for one accelerator variant (`cuda: {cu124: {...}}`)."""
 
-    name: str  # the variant tag: cu124 (vocab.Variant.tag)
+    name: str  # the variant tag: cu124 (hardware.Variant.tag)
     toolkit: str  # 12.4
     base: str  # the toolkit's devel image for --base nvidia
     glibc: str  # glibc of that base: decides the wheel platform the locks target
@@ -36,13 +36,13 @@ class Combo:
     engine: str  # a vocab.ENGINES name
     engine_version: str  # "" for an unversioned engine (hf: transformers comes with verl)
     torch: str
-    cuda: str  # the accelerator variant's tag (cu124; vocab.Variant); the field keeps the records' name
+    cuda: str  # the accelerator variant's tag (cu124; hardware.Variant); the field keeps the records' name
     python: str
     cuda_toolkit: str = field(default="", compare=False)
     base_image: str = field(default="", compare=False)
     glibc: str = field(default="", compare=False)
     note: str = field(default="", compare=False)  # e.g. planned although a matrix rule excludes it
-    platform: str = DEFAULT_PLATFORM  # linux/amd64 | linux/arm64 (vocab.PLATFORMS)
+    platform: str = DEFAULT_PLATFORM  # linux/amd64 | linux/arm64 (hardware.PLATFORMS)
 
     @property
     def engine_label(self) -> str:

@@ -16,7 +16,9 @@ from . import drivers
 from .probe.fatbin import GPUS
 from .query import Ask, Facts, cells, facts, rank_key
 from .row import STATUSES, TABLE_PAYLOAD_TYPE, Row, Table
-from .probe.vocab import DEFAULT_PLATFORM, FEATURE_SPECS, LEVELS, PLATFORMS, level_rank, parse_variant
+from .probe.vocab import LEVELS, level_rank
+from .probe.features import FEATURE_SPECS
+from .probe.hardware import DEFAULT_PLATFORM, PLATFORMS, parse_variant
 
 HISTORY_IN_PAGE = 10  # the page shows recent runs; compat.json keeps them all
 

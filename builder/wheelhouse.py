@@ -34,7 +34,7 @@ from .index import Metadata, _open
 from .index_config import redact, torch_source
 from .lock import Locker, ordered_wheel_tags
 from .lockfile import text_of, pins_of
-from .probe.vocab import DEFAULT_PLATFORM, host_platform
+from .probe.hardware import DEFAULT_PLATFORM, host_platform
 from .materialize import MANIFEST, SCHEMA, host_matches, read_manifest
 from .matrix import matrix_from_args
 from .expand import plan_from_args
@@ -231,7 +231,7 @@ def add_row(out: Path, doc: dict, c, layers: dict[str, str], meta: Metadata, hos
 
 
 def _machine(c) -> str:
-    from .probe.vocab import platform_machine
+    from .probe.hardware import platform_machine
 
     return platform_machine(c.platform)
 

@@ -15,7 +15,7 @@ def combo(verl="0.4.1", engine="vllm", ev="0.8.4", torch="2.6.0", cuda="cu124", 
           platform="linux/amd64") -> dict:
     """A combination as records hold it (values.Combo.to_dict: the variant as its tag, cu124)."""
     from envbuild.values import Combo
-    from envbuild.probe.vocab import variant_tag
+    from envbuild.probe.hardware import variant_tag
 
     return Combo(verl, engine, ev, torch, variant_tag(cuda) or cuda, python, platform=platform).to_dict()
 

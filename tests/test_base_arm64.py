@@ -21,7 +21,7 @@ import pytest
 from envbuild import base as Bs
 from envbuild.docker import Engine
 from envbuild.errors import InfraError, InputError
-from envbuild.probe.vocab import host_platform, platform_arch, platform_machine
+from envbuild.probe.hardware import host_platform, platform_arch, platform_machine
 
 ROOT = Path(__file__).resolve().parents[1]
 REGISTRY = os.environ.get("ENVBUILD_REGISTRY_ADDR", "127.0.0.1:5000")

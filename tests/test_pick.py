@@ -11,7 +11,7 @@ from envbuild.query import answer, ask
 from envbuild.query import matches as _matches
 from envbuild.selector import from_flags
 from envbuild.selector import version_matches
-from envbuild.probe.vocab import variant_tag
+from envbuild.probe.hardware import variant_tag
 from envbuild.row import Row
 from envbuild.sign import write_keypair
 from envbuild.fold import fold

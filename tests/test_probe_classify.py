@@ -167,11 +167,11 @@ def test_engine_class_says_the_import_error_it_met(tmp_path, monkeypatch):
 
 
 def test_every_accelerator_kinds_no_device_words_mean_needs_gpu():
-    """The words come from each AcceleratorKind (probe/vocab.py): a kind added there is classified
+    """The words come from each AcceleratorKind (probe/hardware.py): a kind added there is classified
     with no edit here. Each pattern is tried on a message made from its first alternative."""
     import re
 
-    from envbuild.probe.vocab import ACCELERATORS
+    from envbuild.probe.hardware import ACCELERATORS
     tried = 0
     for kind in ACCELERATORS.values():
         for pat, why in kind.no_device:

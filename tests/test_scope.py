@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from envbuild.probe import vocab
+from envbuild.probe import features
 from envbuild.probe.contract import _static_checks
 from envbuild.probe.scope import Scoper, rollout_registry
 from envbuild.probe.verdict import Verdict
@@ -123,7 +123,7 @@ def test_model_patches_are_scoped_by_model_type_from_monkey_patch(v041):
     assert s["scope"] == "model:qwen3_5,qwen3_5_moe" and "monkey_patch.py" in s["why"]
     assert sc.scope("verl.models.transformers.glm4v", 2, True)["scope"] == "model:glm4v"  # relative import
     # also imported at load time by a module outside the dispatch: every model loads it
-    assert sc.scope("verl.models.transformers.qwen2", 1)["scope"] == vocab.CORE
+    assert sc.scope("verl.models.transformers.qwen2", 1)["scope"] == features.CORE
 
 
 def test_guards_around_the_line(v041):
@@ -133,10 +133,10 @@ def test_guards_around_the_line(v041):
     assert sc.scope(mod, 8, True)["scope"] == "guard:runtime-check"
     assert sc.scope(mod, 10, True)["scope"] == "guard:fallback"
     # a type check is no capability check: what it guards runs on every run that takes it
-    assert sc.scope(mod, 15, True)["scope"] == vocab.CORE
+    assert sc.scope(mod, 15, True)["scope"] == features.CORE
     # unguarded, in the async server, which verl 0.9.1 runs by default: core
     s = sc.scope(mod, 13, True)
-    assert s["scope"] == vocab.CORE and "on by default at verl 0.9.1" in s["why"]
+    assert s["scope"] == features.CORE and "on by default at verl 0.9.1" in s["why"]
     # the same module at a release where async is opt-in
     assert Scoper(v041, "0.6.0").scope(mod, 13, True)["scope"] == "async"
 
@@ -147,10 +147,10 @@ def test_feature_modules_from_data_unless_a_core_module_loads_them(v041):
     assert s["scope"] == "quantization" and s["from"] == "data"
     # module level of a feature module that the async server imports at load time: core
     s = sc.scope("verl.utils.vllm.vllm_quant_utils", 1, False)
-    assert s["scope"] == vocab.CORE and "vllm_async_server.py:2" in s["why"]
+    assert s["scope"] == features.CORE and "vllm_async_server.py:2" in s["why"]
     # nothing known: core, and it says so
     s = sc.scope("verl.workers.somewhere", None)
-    assert s == {"scope": vocab.CORE, "from": "undetermined", "why": "scope not determined: counts as core"}
+    assert s == {"scope": features.CORE, "from": "undetermined", "why": "scope not determined: counts as core"}
 
 
 def test_rollout_registry_from_code(tmp_path, v041):
@@ -195,17 +195,17 @@ def test_an_engine_verls_registry_cannot_select_is_broken_at_core():
 
 
 def test_feature_defaults_follow_verls_releases():
-    assert vocab.feature_default_on("async", "0.7.1") and not vocab.feature_default_on("async", "0.6.1")
-    assert vocab.feature_default_on("sync", "0.6.1") and not vocab.feature_default_on("sync", "0.7.0")
-    assert not vocab.feature_default_on("quantization", "0.9.1")
-    assert vocab.parse_scope("multi-stage-wake-up") == "multi_stage_wake_up"
-    assert vocab.parse_scope("model_type=Qwen3_5") == "model:qwen3_5" and vocab.parse_scope("nonsense") is None
+    assert features.feature_default_on("async", "0.7.1") and not features.feature_default_on("async", "0.6.1")
+    assert features.feature_default_on("sync", "0.6.1") and not features.feature_default_on("sync", "0.7.0")
+    assert not features.feature_default_on("quantization", "0.9.1")
+    assert features.parse_scope("multi-stage-wake-up") == "multi_stage_wake_up"
+    assert features.parse_scope("model_type=Qwen3_5") == "model:qwen3_5" and features.parse_scope("nonsense") is None
 
 
 def test_per_variant_secret_names_are_shell_identifiers():
     import re
 
-    from envbuild.probe.vocab import env_suffix, parse_variant
+    from envbuild.probe.hardware import env_suffix, parse_variant
 
     assert env_suffix("cu124") == "cu124" and env_suffix("12.4") == "cu124"  # unchanged for CUDA
     assert parse_variant("rocm6.2").env_suffix == "rocm6_2" and env_suffix("ROCm 6.2") == "rocm6_2"

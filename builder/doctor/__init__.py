@@ -19,7 +19,7 @@ from typing import Callable
 
 from ..errors import InputError
 from ..verl_config import VerlConfig, build_config
-from ..probe.vocab import PLATFORMS, parse_platform
+from ..probe.hardware import PLATFORMS, parse_platform
 from .cluster import check_ray
 from .common import FAIL, GROUPS, PASS, SKIP, WARN, Options, Result  # noqa: F401 - the package's face
 from .config import check_config

@@ -10,7 +10,8 @@ from pathlib import Path
 from ..verl_config import VerlConfig
 from .. import drivers, host
 from ..probe.env_level import MIN_SHM_BYTES
-from ..probe.vocab import ACCELERATORS, DEFAULT_ENGINE, ENGINE, ENGINES, engine_of_rollout, variant_of, QUIET
+from ..probe.vocab import DEFAULT_ENGINE, ENGINE, ENGINES, QUIET, engine_of_rollout
+from ..probe.hardware import ACCELERATORS, variant_of
 from .tablecheck import check_table
 from .common import (FAIL, PASS, SKIP, WARN, Options, Result)
 

@@ -6,8 +6,9 @@ from typing import Any
 
 from ..errors import EnvbuildError
 from ..query import exact, scope_hits
-from ..probe.vocab import (DEFAULT_PLATFORM, ENGINE, LEVELS, host_platform, is_failing, model_types, scope_flag,
-                           variant_tag)
+from ..probe.vocab import ENGINE, LEVELS, is_failing
+from ..probe.features import model_types, scope_flag
+from ..probe.hardware import DEFAULT_PLATFORM, host_platform, variant_tag
 from .common import (FAIL, PASS, WARN, Options, Result)
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .vocab import ACCELERATORS, ENGINE, FAIL, NEEDS_GPU, NEEDS_HOME, NEEDS_NETWORK, NOT_APPLICABLE, engine_of_module
+from .vocab import ENGINE, FAIL, NEEDS_GPU, NEEDS_HOME, NEEDS_NETWORK, NOT_APPLICABLE, engine_of_module
+from .hardware import ACCELERATORS
 # Optional backends verl supports but a combination need not include: their absence is not a failure.
 OPTIONAL_BACKENDS = {
     "megatron", "mbridge", "transformer_engine", "apex", "torch_npu", "mindspeed", "vllm_ascend",

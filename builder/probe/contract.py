@@ -20,7 +20,8 @@ from .staticcalls import Trees, check_calls
 from .staticimports import ModuleIndex, check_module
 from .scope import Scoper, rollout_registry
 from .verdict import FAIL, NEEDS_GPU, NEEDS_HOME, NEEDS_NETWORK, NOT_APPLICABLE, PASS, Verdict
-from .vocab import CORE, ENGINE, ENGINE_SPECS, VERSION_GATED
+from .vocab import ENGINE, ENGINE_SPECS, VERSION_GATED
+from .features import CORE
 
 # verl folders whose modules touch the rollout engine (discovered by name, not listed by hand),
 # and verl's patches of transformers' models (where transformers drift breaks first).

@@ -14,7 +14,8 @@ import time
 from .classify import classify_exception
 from . import requirements
 from .fatbin import image_coverage
-from .vocab import ACCELERATORS, ENGINE, ENGINE_SPECS, Variant, parse_platform, parse_variant, variant_of
+from .vocab import ENGINE, ENGINE_SPECS
+from .hardware import ACCELERATORS, Variant, parse_platform, parse_variant, variant_of
 from .verdict import FAIL, NOT_APPLICABLE, PASS, SKIPPED, Verdict
 
 
@@ -53,7 +54,7 @@ def torch_variant(torch) -> Variant:
 
 
 def variant_matches(seen: Variant, want: str) -> bool:
-    """Compare as variants (vocab.parse_variant: 12.4 == cu124 == 12.4.1; cpu expects a CPU build)."""
+    """Compare as variants (hardware.parse_variant: 12.4 == cu124 == 12.4.1; cpu expects a CPU build)."""
     return parse_variant(want or "cpu") == seen
 
 

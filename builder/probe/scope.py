@@ -3,7 +3,7 @@ default config) or a scope a run opts into — a feature, a model type, a run-ti
 
 Read from verl's code where it can be (the `if` around the finding, the model-type dispatch of
 verl's monkey patch, the callers that pass an optional argument, the modules that import a module
-at load time); from the feature descriptors in vocab.FEATURE_SPECS otherwise (module patterns).
+at load time); from the feature descriptors in features.FEATURE_SPECS otherwise (module patterns).
 A claim that a finding is opt-in must be supported: anything not determined counts as core and
 says so. Also here: verl's rollout registry, read from its code (which engine names the trainer
 can select at this release). Standard library only (runs inside images and in the census).
@@ -18,10 +18,8 @@ import re
 
 from .staticcalls import Trees
 from .staticimports import _sources
-from .vocab import (
-    CORE, FEATURE, FEATURE_SPECS, GUARD_SCOPE, MODEL_SCOPE, SCOPE_FROM_CODE, SCOPE_FROM_DATA, SCOPE_UNDETERMINED,
-    feature_default_on,
-)
+from .features import (CORE, FEATURE, FEATURE_SPECS, GUARD_SCOPE, MODEL_SCOPE, SCOPE_FROM_CODE, SCOPE_FROM_DATA,
+                       SCOPE_UNDETERMINED, feature_default_on)
 
 _CUDA_TESTS = ("is_available", "is_cuda_available", "get_device_name", "device_count")
 # Capability checks only: `isinstance` or a `getattr(config, ...)` flag says nothing about whether

@@ -28,11 +28,12 @@ import time
 
 from .spawn import child_env, package
 from .verdict import ERROR, Verdict, write_json
-from .vocab import ACCELERATORS, expect_argv
+from .vocab import expect_argv
+from .hardware import ACCELERATORS
 
 
 def accelerator_node() -> bool:
-    """Whether this machine has an accelerator's device files (vocab.AcceleratorKind.device_nodes)."""
+    """Whether this machine has an accelerator's device files (hardware.AcceleratorKind.device_nodes)."""
     return any(os.path.exists(n) for k in ACCELERATORS.values() for n in k.device_nodes)
 
 

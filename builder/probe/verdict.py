@@ -13,9 +13,10 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 from .vocab import (  # noqa: F401 - the statuses' home is the vocabulary; re-exported for the probe's modules
-    CAVEATS, CORE, ERROR, FAIL, FAILING, LEVELS, NEEDS_GPU, NEEDS_HOME, NEEDS_NETWORK, NOT_A_PROBLEM, NOT_APPLICABLE,
-    PASS, SKIPPED, is_core, PRECEDENCE, TIMEOUT, worst_status,
+    CAVEATS, ERROR, FAIL, FAILING, LEVELS, NEEDS_GPU, NEEDS_HOME, NEEDS_NETWORK, NOT_A_PROBLEM, NOT_APPLICABLE,
+    PASS, PRECEDENCE, SKIPPED, TIMEOUT, worst_status,
 )
+from .features import CORE, is_core
 
 SCHEMA = 1
 
@@ -30,7 +31,7 @@ class Check:
     cause: str | None = None  # classified cause when not pass, e.g. "undefined-symbol"
     seconds: float = 0.0
     level: str | None = None  # env | contract | gpu: the level that wrote it; None counts against every level
-    # The runs that reach what it found (vocab.CORE, a feature, `model:T`, `guard:G`) and whether
+    # The runs that reach what it found (features.CORE, a feature, `model:T`, `guard:G`) and whether
     # that was read from code or from a feature descriptor. Only a core failure fails the verdict;
     # a scoped one is a caveat of the runs that opt in. Records made before scopes: core.
     scope: str = CORE

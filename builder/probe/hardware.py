@@ -1,0 +1,195 @@
+"""Hardware axes: accelerator kinds and their variants (cu126, rocm6.2, cpu), and platforms.
+
+Part of the probe's vocabulary (envbuild_probe.vocab has the levels, statuses and engines): standard
+library only, because the probe runs inside images where envbuild is not installed. Every table,
+flag and check about an accelerator variant or a platform derives from these descriptors: adding
+an accelerator kind is one AcceleratorKind.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# ---------------------------------------------------------------- accelerator variants
+
+
+@dataclass(frozen=True)
+class AcceleratorKind:
+    """One kind of accelerator a torch build targets.
+
+    prefix          the variant tag's prefix (`cu` + 124, `rocm` + 6.2); the tag is also the PyTorch
+                    index's folder for the variant (download.pytorch.org/whl/<tag>)
+    torch_attr      what torch reports it under (torch.version.cuda / torch.version.hip)
+    container_args  how a container gets the devices (`docker run` arguments)
+    device_nodes    device files whose presence means this host has one
+    smi             the command that lists the devices ([] when none)
+    no_device       (pattern, why): what its stack prints on a host without its devices or driver;
+                    the probe classifies those as needs-gpu (not judged here), never as broken
+    driver_lib      the driver's user-space library: "<it>: cannot open shared object file" means
+                    this host has no driver
+    driver_label    what a reader calls that driver
+    """
+
+    name: str
+    label: str
+    prefix: str
+    torch_attr: str | None
+    container_args: tuple[str, ...] = ()
+    device_nodes: tuple[str, ...] = ()
+    smi: tuple[str, ...] = ()
+    no_device: tuple[tuple[str, str], ...] = ()
+    driver_lib: str | None = None
+    driver_label: str = ""
+
+
+CUDA_KIND = AcceleratorKind("cuda", "CUDA", "cu", "cuda", ("--gpus", "all"), ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg"),
+                            ("nvidia-smi", "-L"),
+                            no_device=((r"Found no NVIDIA driver", "no NVIDIA driver"),
+                                       (r"No CUDA GPUs are available", "no CUDA GPU available"),
+                                       (r"CUDA driver initialization failed", "CUDA driver initialization failed"),
+                                       (r"Torch not compiled with CUDA enabled", "torch has no CUDA (CPU build)"),
+                                       (r"NVML Shared Library Not Found|libnvidia-ml\.so(?:\.1)?: cannot open",
+                                        "NVML (driver) not found"),
+                                       (r"cudaGetDeviceCount|CUDA_ERROR_NO_DEVICE|no CUDA-capable device is detected",
+                                        "no CUDA device")),
+                            driver_lib="libcuda", driver_label="NVIDIA driver")
+ROCM_KIND = AcceleratorKind("rocm", "ROCm", "rocm", "hip",
+                            ("--device", "/dev/kfd", "--device", "/dev/dri", "--group-add", "video"),
+                            ("/dev/kfd",), ("rocm-smi", "--showproductname"),
+                            no_device=((r"No HIP GPUs are available", "no ROCm GPU available"),
+                                       (r"hipErrorNoDevice|no ROCm-capable device is detected", "no ROCm device"),
+                                       (r"HIP driver initialization failed|hipErrorNoBinaryForGpu.*no GPU",
+                                        "HIP driver initialization failed")),
+                            driver_label="AMD GPU driver (amdgpu)")  # user space comes in the torch wheel
+CPU_KIND = AcceleratorKind("cpu", "CPU", "cpu", None)
+ACCELERATORS = {k.name: k for k in (CUDA_KIND, ROCM_KIND, CPU_KIND)}
+CPU = "cpu"  # the variant tag of a CPU-only torch build
+
+
+@dataclass(frozen=True)
+class Variant:
+    """An accelerator variant: a kind and its version (`cu124` = CUDA 12.4, `rocm6.2`, `cpu`)."""
+
+    kind: str
+    version: str = ""  # "12.4"; "" for cpu
+
+    @property
+    def accelerator(self) -> AcceleratorKind:
+        return ACCELERATORS[self.kind]
+
+    @property
+    def tag(self) -> str:
+        """`cu124`, `rocm6.2`, `cpu`: the axis value, the image tag's part, the PyTorch index folder."""
+        if self.kind == "cuda":
+            major, minor = self.version.split(".")[:2]
+            return f"cu{major}{minor}"
+        return f"{self.accelerator.prefix}{self.version}"
+
+    @property
+    def index_path(self) -> str:
+        return self.tag
+
+    @property
+    def env_suffix(self) -> str:
+        """The tag as a shell identifier's tail (per-variant secrets: `rocm6.2` -> `rocm6_2`)."""
+        return re.sub(r"[^A-Za-z0-9_]", "_", self.tag)
+
+    @property
+    def label(self) -> str:
+        return f"{self.accelerator.label} {self.version}".strip()
+
+    def __str__(self) -> str:
+        return self.tag
+
+
+_VARIANT_RES = (
+    ("cuda", re.compile(r"(?:cuda\s*)?cu(\d{1,2})(\d)", re.I)),
+    ("cuda", re.compile(r"(?:cuda\s*)?(\d{1,2})\.(\d)(?:\.\d+)*", re.I)),
+    ("rocm", re.compile(r"rocm\s*(\d{1,2})\.(\d{1,2})(?:\.\d+)*", re.I)),
+)
+
+
+def parse_variant(value: object) -> Variant | None:
+    """Any spelling -> the variant: `cu126`, `12.6`, `12.6.3`, `CUDA 12.6` -> cu126; `rocm6.2`,
+    `ROCm 6.2.4` -> rocm6.2; `cpu` -> cpu; None for anything else."""
+    s = str(value if value is not None else "").strip()
+    if s.lower() in (CPU, "none"):
+        return Variant("cpu")
+    for kind, rx in _VARIANT_RES:
+        m = rx.fullmatch(s)
+        if m:
+            return Variant(kind, f"{int(m.group(1))}.{int(m.group(2))}")
+    return None
+
+
+def env_suffix(value: object) -> str:
+    """Any spelling of a variant -> its shell-identifier tail (Variant.env_suffix); the value itself,
+    made safe the same way, when it is no variant."""
+    v = parse_variant(value)
+    return v.env_suffix if v else re.sub(r"[^A-Za-z0-9_]", "_", str(value))
+
+
+def variant_tag(value: object) -> str | None:
+    """Any spelling -> the tag (`12.4` -> `cu124`), None if not a variant."""
+    v = parse_variant(value)
+    return v.tag if v else None
+
+
+def variant_of(kind: str, version: object) -> Variant:
+    """The variant torch reports: kind `cuda` with torch.version.cuda `12.4`, `rocm` with
+    torch.version.hip `6.2.41133`; kind cpu (or no version) -> cpu."""
+    parts = re.findall(r"\d+", str(version or ""))
+    if kind == "cpu" or len(parts) < 2:
+        return Variant("cpu")
+    return Variant(kind, f"{int(parts[0])}.{int(parts[1])}")
+
+
+# ---------------------------------------------------------------- platforms
+
+
+@dataclass(frozen=True)
+class PlatformSpec:
+    """A platform: Docker's name, the machine Python and wheel tags say, Debian's architecture."""
+
+    name: str
+    machine: str
+    arch: str
+
+
+PLATFORM_SPECS = (PlatformSpec("linux/amd64", "x86_64", "amd64"), PlatformSpec("linux/arm64", "aarch64", "arm64"))
+PLATFORMS = {p.name: p for p in PLATFORM_SPECS}
+DEFAULT_PLATFORM = "linux/amd64"  # its combinations' ids and tags carry no platform (as before the axis)
+
+
+def parse_platform(value: object) -> str | None:
+    """Any spelling (`linux/arm64`, `linux/arm64/v8`, `arm64`, `aarch64`) -> `linux/arm64`; None if unknown."""
+    s = str(value if value is not None else "").strip().lower()
+    if s.endswith("/v8"):
+        s = s[:-3]
+    s = s.removeprefix("linux/")
+    for p in PLATFORM_SPECS:
+        if s in (p.machine, p.arch):
+            return p.name
+    return None
+
+
+def platform_spec(platform: str) -> PlatformSpec:
+    return PLATFORMS[parse_platform(platform) or platform]
+
+
+def platform_machine(platform: str) -> str:
+    """`linux/arm64` -> `aarch64` (platform.machine() inside the image; the wheel tag's arch)."""
+    return platform_spec(platform).machine
+
+
+def platform_arch(platform: str) -> str:
+    """`linux/arm64` -> `arm64` (Debian's and Docker's architecture name)."""
+    return platform_spec(platform).arch
+
+
+def host_platform() -> str | None:
+    """This machine's platform, None for one envbuild has no images for."""
+    import platform as _platform
+
+    return parse_platform(_platform.machine())
