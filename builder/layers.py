@@ -33,7 +33,7 @@ from .errors import EnvbuildError
 from .lock import LockResult
 from .lockfile import parse_lock, text_of
 from .values import Base, Combo
-from .probe.vocab import ENGINE_SPECS, JIT_KERNELS
+from .probe.vocab import ENGINE_SPECS, jit_kernels_for
 
 # (group, name prefixes), first match wins; the last group takes every other nvidia-* wheel.
 CUDA_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -131,10 +131,8 @@ class ImageModel:
 
     @property
     def jit_kernels(self) -> list[str]:
-        """The kernels this image compiles ahead of time (vocab.JIT_KERNELS): those whose library
-        the lock pins."""
-        pinned = {canonicalize_name(n) for n in self.expected}
-        return [k.name for k in JIT_KERNELS if canonicalize_name(k.dist) in pinned]
+        """The kernels this image compiles ahead of time (vocab.jit_kernels_for)."""
+        return jit_kernels_for(self.expected)
 
     @property
     def needs_torch_index(self) -> bool:

@@ -32,6 +32,8 @@ from .fsutil import write_json_atomic
 from .lockfile import parse_lock, pins_of
 from .paths import templates_dir
 from .probe.hardware import DEFAULT_PLATFORM, host_platform, platform_machine
+from .probe.vocab import jit_kernels_for
+from .probe_exec import probe_importable
 from .selector import add_selector_args, selectors_from_args
 
 ROW_FILE = "envbuild-row.json"  # in the venv: which row it is, and what it took from the node
@@ -205,13 +207,13 @@ def _pip(venv: Path, args: list[str], timeout: float = 3600) -> None:
 
 
 def materialize(row_id: str, row: dict, wheelhouse: Path, venv: Path, python: str, use_host: bool,
-                compile_bytecode: bool = True) -> dict:
+                compile_bytecode: bool = True, compile_kernels: bool = True) -> dict:
     with Heartbeat(f"venv {row_id}: checking the node") as beat:
-        return _materialize(row_id, row, wheelhouse, venv, python, use_host, compile_bytecode, beat)
+        return _materialize(row_id, row, wheelhouse, venv, python, use_host, compile_bytecode, compile_kernels, beat)
 
 
 def _materialize(row_id: str, row: dict, wheelhouse: Path, venv: Path, python: str, use_host: bool,
-                 compile_bytecode: bool, beat) -> dict:
+                 compile_bytecode: bool, compile_kernels: bool, beat) -> dict:
     c = row["combo"]
     t0 = time.monotonic()
     ver = subprocess.run([python, "-c", "import sys, platform; print('%d.%d' % sys.version_info[:2]);"
@@ -265,6 +267,11 @@ def _materialize(row_id: str, row: dict, wheelhouse: Path, venv: Path, python: s
     expected = {n: v for n, (v, _) in ((n, x) for rel in row["locks"]
                                           for n, x in pins_of((wheelhouse / rel).read_text()).items())}
     expected.update({r["name"]: r["version"] for r in plan["reuse"]})
+    kernels = jit_kernels_for(expected) if compile_kernels else []
+    if kernels:
+        beat.stage_to(f"venv {row_id}: compiling {', '.join(kernels)} ahead of time")
+    jit = _compile_kernels(venv, kernels)
+    t_kernels = time.monotonic()
     exp = venv / ".envbuild-expected.txt"
     exp.write_text("".join(f"{n}=={v}\n" for n, v in sorted(expected.items())))
     check = subprocess.run([str(venv / "bin" / "python"), str(templates_dir() / "check-env.py"), str(exp)],
@@ -276,11 +283,34 @@ def _materialize(row_id: str, row: dict, wheelhouse: Path, venv: Path, python: s
             "reused": sorted(plan["reuse"], key=lambda r: r["name"]), "installed": len(plan["install"]),
             "linked_files": linked, "check": check.stdout.strip(),
             "seconds": {"link": round(t_link - t0, 2), "install": round(t_install - t_link, 2),
-                        "bytecode": round(t_bytecode - t_install, 2), "total": round(time.monotonic() - t0, 2)}}
+                        "bytecode": round(t_bytecode - t_install, 2), "kernels": round(t_kernels - t_bytecode, 2),
+                        "total": round(time.monotonic() - t0, 2)}}
     if uncompiled:
         info["uncompiled"] = uncompiled
+    if jit:
+        info["kernels"] = jit
     write_json_atomic(venv / ROW_FILE, info)
     return info
+
+
+def _compile_kernels(venv: Path, kernels: list[str]) -> dict:
+    """The image's kernel step (envbuild_probe.jit), run by the venv's Python: what the engine's
+    library would compile with nvcc on the first probe is compiled now, for every architecture
+    torch has kernels for, or not at all (it says why). Never fails the venv."""
+    if not kernels:
+        return {}
+    with probe_importable() as (tmp, env):
+        p = subprocess.run([str(venv / "bin" / "python"), "-m", "envbuild_probe.jit", "build", *kernels],
+                           capture_output=True, text=True, env=env, cwd=tmp, timeout=3600)
+    for line in reversed(p.stdout.strip().splitlines()):
+        try:
+            said = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(said, dict):
+            return {str(k): str(v) for k, v in said.items()}
+    tail = ((p.stdout + p.stderr).strip().splitlines() or [f"exit {p.returncode}"])[-1]
+    return {k: f"not built ({tail[:300]})" for k in kernels}
 
 
 def read_row(python_exe: str) -> dict | None:
@@ -309,6 +339,8 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="print what was made as JSON")
     p.add_argument("--no-compile", action="store_true",
                    help="leave Python files uncompiled (a faster install; the first import compiles them)")
+    p.add_argument("--no-kernels", action="store_true",
+                   help="leave the engine's JIT kernels to its first use (as an image without nvcc does)")
 
 
 def run(args) -> int:
@@ -333,7 +365,7 @@ def run(args) -> int:
     lock_check = check_lock(wheelhouse, row, signed)
     try:
         info = materialize(row_id, row, wheelhouse, Path(args.out), args.node_python, args.host_packages,
-                           compile_bytecode=not args.no_compile)
+                           compile_bytecode=not args.no_compile, compile_kernels=not args.no_kernels)
     except Refused as e:
         if args.results:
             _record_refusal(args.results, row, str(e))
@@ -346,6 +378,8 @@ def run(args) -> int:
               f"({info['seconds']['total']:.0f} s); {info['check']}; {lock_check}")
         for r in info["reused"]:
             print(f"  reused {r['name']} {r['version']}" + (f" (pin {r['pin']})" if r["pin"] != r["version"] else ""))
+        for name, said in info.get("kernels", {}).items():
+            print(f"  kernel {name}: {said}")
     return 0
 
 

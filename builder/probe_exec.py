@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
@@ -169,16 +170,23 @@ def isolated(cmd: list[str], python: str) -> tuple[list[str], str]:
     return ["unshare", "--net", "--map-root-user", python, "-c", _NETNS_TRAMPOLINE, *cmd], "none (network namespace)"
 
 
+@contextmanager
+def probe_importable(extra_env: dict | None = None):
+    """A scratch folder and an environment in which any Python imports the probe as the image's
+    does (`envbuild_probe`, a link to builder/probe, whatever envbuild's install)."""
+    with tempfile.TemporaryDirectory(prefix="envbuild-probe-") as tmp:
+        os.symlink(PROBE_SRC, os.path.join(tmp, PROBE_MODULE))
+        env = {**os.environ, **(extra_env or {})}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (tmp, env.get("PYTHONPATH")) if p)
+        yield tmp, env
+
+
 def probe_here(*, level: str, engine: str, expect: dict, timeout: float | None = None, nproc: int = 1,
                python: str | None = None, extra_env: dict | None = None) -> dict:
     """Probe this Python environment (or `python`) in a child process, killed at its timeout."""
     timeout = float(timeout or DEFAULT_TIMEOUT[level])
     python = python or sys.executable
-    with tempfile.TemporaryDirectory(prefix="envbuild-probe-") as tmp:
-        # The image layout in miniature: <tmp>/envbuild_probe -> builder/probe, whatever envbuild's install.
-        os.symlink(PROBE_SRC, os.path.join(tmp, PROBE_MODULE))
-        env = {**os.environ, **(extra_env or {})}
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (tmp, env.get("PYTHONPATH")) if p)
+    with probe_importable(extra_env) as (tmp, env):
         out_json = Path(tmp) / "verdict.json"
         cmd = [*_launcher(python, nproc), *probe_args(level, engine, expect), "--json", str(out_json)]
         cmd, network = isolated(cmd, python)

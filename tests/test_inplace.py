@@ -142,6 +142,7 @@ def test_wheelhouse_venv_and_an_in_place_record(tmp_path, run_cli):
     # compiled at install (before anything imported six), as the image's bytecode step does
     site = next((venv / "lib").glob("python*/site-packages"))
     assert list((site / "__pycache__").glob("six.cpython-*.pyc")) and "bytecode" in info["seconds"]
+    assert "kernels" not in info and info["seconds"]["kernels"] < 1  # no library of JIT_KERNELS in this lock
     out = subprocess.run([str(venv / "bin" / "python"), "-c", "import six, packaging; print(six.__version__)"],
                          capture_output=True, text=True)
     assert out.stdout.strip() == "1.17.0", out.stderr

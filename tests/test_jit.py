@@ -165,3 +165,31 @@ def test_torchs_architectures_are_read_from_its_libraries_without_a_gpu(tmp_path
     got = jit.torch_archs()
     assert got == [f"sm_{a}" for a in sorted(cov.sass)] + [f"compute_{a}" for a in sorted(cov.ptx)]
     assert got and all(a.startswith(("sm_", "compute_")) for a in got)
+
+
+def test_an_in_place_venv_compiles_the_kernels_its_lock_pins_as_an_image_does(tmp_path, monkeypatch):
+    """`envbuild venv` asks the same question as the render (vocab.jit_kernels_for) and runs the
+    image's step with the venv's own Python: here a venv holding a stand-in flashinfer-python and no
+    torch, so the step runs there, finds the library, and places nothing (torch lists no
+    architecture, or no nvcc): one line per kernel, the venv still made."""
+    import subprocess
+    import sys
+
+    from envbuild.materialize import _compile_kernels
+    from envbuild.probe.vocab import jit_kernels_for
+
+    assert jit_kernels_for(["Flashinfer_Python", "torch"]) == ["flashinfer-sampling"]
+    assert jit_kernels_for(["torch", "vllm"]) == []
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python*")) / "site-packages"
+    (site / "flashinfer").mkdir()
+    (site / "flashinfer" / "__init__.py").write_text("")
+    di = site / "flashinfer_python-0.6.12.dist-info"
+    di.mkdir()
+    (di / "METADATA").write_text("Metadata-Version: 2.1\nName: flashinfer-python\nVersion: 0.6.12\n")
+    said = _compile_kernels(venv, ["flashinfer-sampling"])
+    assert list(said) == ["flashinfer-sampling"]
+    assert said["flashinfer-sampling"].startswith("not built: ") and "not installed" not in said["flashinfer-sampling"]
+    assert not (site / "flashinfer" / "data").exists(), said
+    assert _compile_kernels(venv, []) == {}

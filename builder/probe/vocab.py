@@ -10,6 +10,7 @@ platforms), a verl feature one FeatureSpec (probe.features: where a finding is r
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 # ---------------------------------------------------------------- levels and statuses
@@ -188,6 +189,13 @@ JIT_KERNELS = (
               "(verl's rollout samples with it): 99.4 s of nvcc on a fresh H100, 0.2 s prebuilt "
               "(bench/verl_step/sglang_h100.json)"),
 )
+
+
+def jit_kernels_for(pinned) -> list[str]:
+    """The kernels an environment compiles ahead of time: those whose library it pins (names of
+    distributions, any spelling). An image's build step and an in-place venv both ask here."""
+    have = {re.sub(r"[-_.]+", "-", str(n)).lower() for n in pinned}
+    return [k.name for k in JIT_KERNELS if k.dist in have]
 
 
 def dist_of(name: str) -> str:
