@@ -20,7 +20,8 @@ from types import SimpleNamespace
 from packaging.utils import parse_wheel_filename
 
 from envbuild.index import Metadata
-from envbuild.lock import Locker, wheel_tags
+from envbuild.lock import Locker
+from envbuild.lockmodel import wheel_tags
 from envbuild.lockfile import parse_lock
 from envbuild.matrix import load_matrix
 from envbuild.expand import plan

@@ -29,7 +29,8 @@ from .errors import EnvbuildError, InfraError
 from .fsutil import write_json_atomic
 from .progress import Heartbeat
 from .index import Metadata
-from .lock import Locker, ordered_wheel_tags
+from .lock import Locker
+from .lockmodel import ordered_wheel_tags
 from .lockfile import pins_of
 from .matrix import matrix_from_args
 from .expand import plan_from_args

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from packaging.utils import canonicalize_name
 
 from .errors import EnvbuildError
-from .lock import LockResult
+from .lockmodel import LockResult
 from .lockfile import parse_lock, text_of
 from .values import Base, Combo
 from .probe.vocab import ENGINE_SPECS, jit_kernels_for

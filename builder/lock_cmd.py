@@ -13,7 +13,8 @@ from pathlib import Path
 
 from .errors import InputError
 from .index import Metadata
-from .lock import LockResult, Locker, explain
+from .lock import Locker
+from .lockmodel import LockResult, explain
 from .matrix import matrix_from_args
 from .expand import plan_from_args
 from .outcome import exit_of_lock

@@ -25,7 +25,8 @@ from .base import resolve_base
 from .errors import InputError
 from .fsutil import write_atomic
 from .layers import SEED_EXTRAS, SEED_STASH, STAGES, STEP_CACHE_DIR, ImageModel, expected_text, model_for
-from .lock import Locker, LockResult
+from .lock import Locker
+from .lockmodel import LockResult
 from .matrix import matrix_from_args
 from .expand import plan_from_args
 from .selector import add_selector_args

@@ -32,7 +32,8 @@ from .progress import Heartbeat
 from .fsutil import write_atomic, write_json_atomic
 from .index import Metadata, _open
 from .index_config import redact, torch_source
-from .lock import Locker, ordered_wheel_tags
+from .lock import Locker
+from .lockmodel import ordered_wheel_tags
 from .lockfile import text_of, pins_of
 from .probe.hardware import DEFAULT_PLATFORM, host_platform
 from .materialize import MANIFEST, SCHEMA, host_matches, read_manifest

@@ -349,7 +349,7 @@ def test_the_sboms_layer_order_comes_from_the_rendered_model_and_must_match_the_
     # (saved beside the context), never read back out of the generated Dockerfile.
     from envbuild.values import Base
     from envbuild.errors import InputError
-    from envbuild.lock import LayerLock, LockResult
+    from envbuild.lockmodel import LayerLock, LockResult
     from envbuild.values import Combo
     from envbuild.render import render_combo
 

@@ -24,7 +24,7 @@ from envbuild.errors import EnvbuildError
 from envbuild.record import Record, write_record
 from envbuild.registry import Registry
 from envbuild.values import Base
-from envbuild.lock import LayerLock, LockResult
+from envbuild.lockmodel import LayerLock, LockResult
 from envbuild.values import Combo
 from envbuild.render import context_hash, render_combo
 from envbuild.sign import write_keypair

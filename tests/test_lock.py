@@ -6,7 +6,8 @@ from types import SimpleNamespace
 import pytest
 
 from envbuild.index import Metadata
-from envbuild.lock import Locker, era
+from envbuild.lock import Locker
+from envbuild.lockmodel import era
 from envbuild.lockfile import layer_text, parse_lock
 from envbuild.matrix import load_matrix
 from envbuild.expand import plan

@@ -12,7 +12,8 @@ import pytest
 from envbuild import index_config as indexmod
 from envbuild.index import Metadata
 from envbuild.index_config import TorchSource
-from envbuild.lock import Locker, exact_pins, explain, split_layers
+from envbuild.lock import Locker
+from envbuild.lockmodel import exact_pins, explain, split_layers
 from envbuild.lockfile import parse_lock
 from envbuild.matrix import load_matrix
 from envbuild.values import Combo

@@ -14,7 +14,7 @@ import pytest
 from envbuild.bake import split_layers
 from envbuild.errors import EnvbuildError
 from envbuild.layers import ImageModel, model_for
-from envbuild.lock import LayerLock, LockResult
+from envbuild.lockmodel import LayerLock, LockResult
 from envbuild.values import Combo
 from envbuild.paths import templates_dir
 from envbuild.render import render_combo, render_dockerfile, render_stages
