@@ -162,7 +162,7 @@ def _arith(expr: str, env: dict[str, str]) -> int:
 def scopes_of_config(path: str) -> set[str]:
     """A verl YAML file or a launch script (anything that is not YAML) -> its scopes."""
     if path.endswith((".yaml", ".yml")):
-        from .verl_config import load_config_file  # needs PyYAML: only when a YAML file is given
+        from .verl_input import load_config_file  # needs PyYAML: only when a YAML file is given
 
         return scopes_of(flatten(load_config_file(path)))
     flat = {}
