@@ -29,7 +29,8 @@ from .matrix import matrix_from_args
 from .expand import plan_from_args
 from .outcome import exit_of_records
 from .probe_run import VerdictCache, probe_image_levels
-from .pipeline import DEFAULT_TIMEOUT, PROBE_CHOICES, BaseFutures, Builder, Options, run_all
+from .background import BaseFutures
+from .pipeline import DEFAULT_TIMEOUT, PROBE_CHOICES, Builder, Options, run_all
 from .progress import PlainProgress, RichProgress
 from .push import COMPRESSIONS, pusher_for
 from .record import latest_by_combo

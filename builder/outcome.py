@@ -182,3 +182,29 @@ def record_status(verdicts: dict) -> tuple[str, str | None, str]:
     cause = v.cause or (TIMEOUT if v.status == TIMEOUT else f"probe-{v.status}")
     bad = [f"{c.name}: {c.detail}".strip() for c in v.checks if c.status in (FAIL, TIMEOUT, ERROR)]
     return st, cause, (f"probe level {lv}: {v.status}\n" + "\n".join(bad))[:4000]
+
+
+def push_probe_outcome(push, probe) -> tuple[str, str, str | None, str]:
+    """(stage, status, cause, detail) of a record from what the push and the probe, which ran at
+    once, ended with. push: None (not asked) | ("ok", digest) | ("error", cause, detail);
+    probe: None | ("verdicts", {level: verdict}) | ("error", cause, detail). The rule (module
+    docstring of envbuild.pipeline, which runs them): a failing verdict decides; else a failed push; else
+    the probe; else build ok."""
+    if probe and probe[0] == "verdicts":
+        p_status, p_cause, p_detail = record_status(probe[1])
+        p_said = "probe: " + ", ".join(f"{lv} {Verdict.of(v).status}" for lv, v in probe[1].items())
+    elif probe:
+        p_status, p_cause, p_detail = "error", probe[1], probe[2]
+        p_said = f"probe: error {probe[1]}: {probe[2]}"
+    else:
+        p_status = p_cause = p_detail = p_said = None
+    push_failed = bool(push) and push[0] == "error"
+    if p_status == "fail":
+        also = f"\npush failed as well ({push[1]}): {push[2]}" if push_failed else ""
+        return "probe", "fail", p_cause, (p_detail + also)[:4000]
+    if push_failed:
+        also = f"\n{p_said} (kept in this record's probe)" if p_said else ""
+        return "push", "error", push[1], (push[2] + also)[:4000]
+    if p_status is not None:
+        return "probe", p_status, p_cause, p_detail
+    return "build", "ok", None, ""

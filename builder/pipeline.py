@@ -29,18 +29,17 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import Future
 from concurrent.futures import TimeoutError as WaitTimeout
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from .buildlog import StepTracker, classify, failure_detail
 from .errors import EnvbuildError, InfraError
 from .fsutil import write_atomic
 from .image import build_labels
 from .index_config import torch_index_url
-from .outcome import Verdict, lock_record_status, record_status
+from .background import Background, BaseFutures
+from .outcome import lock_record_status, push_probe_outcome
 from .probe_exec import expect_of
 from .probe_run import Target, VerdictCache, probe_levels
 from .progress import PlainProgress
@@ -73,92 +72,6 @@ class Options:
     rebuild: bool = False
     no_cache: bool = False
     compression: str = "auto"  # of pushed layers: envbuild.push.COMPRESSIONS
-
-
-class BaseFutures:
-    """The bases builds start FROM, each resolved once and shared (thread-safe memoised futures).
-
-    `resolve(combo)` makes a combination's base; `key(combo)` names which base that is, so
-    combinations with the same key share one resolution (its result or its error). `start`
-    begins a resolution in a thread of its own (so nothing queues behind a running build) and
-    returns its future; calling the object waits for it. `shared(key, thunk)` memoises any other
-    resolution under a key of its own (auto's fallback to the one bootstrap base)."""
-
-    def __init__(self, resolve: Callable[[object], Base], key: Callable[[object], str] | None = None):
-        self.resolve = resolve
-        self.key = key or (lambda combo: combo.id)
-        self._futs: dict[str, Future] = {}
-        self._threads: list[threading.Thread] = []
-        self._lk = threading.Lock()
-
-    def _future(self, key: str, thunk) -> Future:
-        with self._lk:
-            f = self._futs.get(key)
-            if f is not None:
-                return f
-            f = self._futs[key] = Future()
-            # daemon: a run that exits early is never held by it; run() waits for it explicitly
-            t = threading.Thread(target=self._run, args=(f, thunk), name=f"envbuild-base-{len(self._futs)}",
-                                 daemon=True)
-            self._threads.append(t)
-        t.start()
-        return f
-
-    @staticmethod
-    def _run(f: Future, thunk) -> None:
-        if not f.set_running_or_notify_cancel():
-            return
-        try:
-            f.set_result(thunk())
-        except BaseException as e:  # noqa: BLE001 - handed to every waiter, raised there
-            f.set_exception(e)
-
-    def start(self, combo) -> Future:
-        return self._future(self.key(combo), lambda: self.resolve(combo))
-
-    def shared(self, key: str, thunk):
-        return self._future(key, thunk).result()
-
-    def __call__(self, combo) -> Base:
-        return self.start(combo).result()
-
-    def running(self) -> int:
-        with self._lk:
-            return sum(1 for f in self._futs.values() if not f.done())
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Wait for every resolution started; True when none is left running."""
-        with self._lk:
-            threads = list(self._threads)
-        end = None if timeout is None else time.monotonic() + timeout
-        for t in threads:
-            t.join(None if end is None else max(0.0, end - time.monotonic()))
-        return not any(t.is_alive() for t in threads)
-
-
-class _Background:
-    """One call in a thread of its own: (True, result) or (False, the exception) on join(), and
-    the seconds it took."""
-
-    def __init__(self, fn, name: str):
-        self._fn, self._out, self.seconds = fn, None, 0.0
-        self._t = threading.Thread(target=self._run, name=name, daemon=True)
-        self._t.start()
-
-    def _run(self):
-        t = time.monotonic()
-        try:
-            self._out = (True, self._fn())
-        except BaseException as e:  # noqa: BLE001 - re-raised or recorded by the caller
-            self._out = (False, e)
-        self.seconds = time.monotonic() - t
-
-    def alive(self) -> bool:
-        return self._t.is_alive()
-
-    def join(self):
-        self._t.join()
-        return self._out
 
 
 class Builder:
@@ -311,12 +224,12 @@ class Builder:
             rec.image["size"] = info.get("Size")
 
         # 4+5. push and probe at once: the upload and the probe of the local image do not wait
-        # for each other. The record's rule is push_probe_outcome (module docstring).
+        # for each other. The record's rule is outcome.push_probe_outcome (module docstring).
         push_out = probe_out = None
         pusher = None
         wall = time.monotonic()
         if o.push:
-            pusher = _Background(lambda: self._push(content_ref, readable_ref, remote), f"envbuild-push-{cid}")
+            pusher = Background(lambda: self._push(content_ref, readable_ref, remote), f"envbuild-push-{cid}")
         try:
             if o.probe != "none":
                 self.progress.update(cid, "pushing+probing" if pusher else "probing")
@@ -381,31 +294,6 @@ class Builder:
         if ti and ti != "default" and self.o.torch_index_root:
             vals["torch-index-url"] = torch_index_url(self.o.torch_index_root, lr.combo.cuda)
         return vals
-
-
-def push_probe_outcome(push, probe) -> tuple[str, str, str | None, str]:
-    """(stage, status, cause, detail) of a record from what the push and the probe, which ran at
-    once, ended with. push: None (not asked) | ("ok", digest) | ("error", cause, detail);
-    probe: None | ("verdicts", {level: verdict}) | ("error", cause, detail). The rule (module
-    docstring): a failing verdict decides; else a failed push; else the probe; else build ok."""
-    if probe and probe[0] == "verdicts":
-        p_status, p_cause, p_detail = record_status(probe[1])
-        p_said = "probe: " + ", ".join(f"{lv} {Verdict.of(v).status}" for lv, v in probe[1].items())
-    elif probe:
-        p_status, p_cause, p_detail = "error", probe[1], probe[2]
-        p_said = f"probe: error {probe[1]}: {probe[2]}"
-    else:
-        p_status = p_cause = p_detail = p_said = None
-    push_failed = bool(push) and push[0] == "error"
-    if p_status == "fail":
-        also = f"\npush failed as well ({push[1]}): {push[2]}" if push_failed else ""
-        return "probe", "fail", p_cause, (p_detail + also)[:4000]
-    if push_failed:
-        also = f"\n{p_said} (kept in this record's probe)" if p_said else ""
-        return "push", "error", push[1], (push[2] + also)[:4000]
-    if p_status is not None:
-        return "probe", p_status, p_cause, p_detail
-    return "build", "ok", None, ""
 
 
 def run_all(builder: Builder, combos, jobs: int) -> tuple[list, bool]:

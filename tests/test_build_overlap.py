@@ -18,6 +18,12 @@ from envbuild import build as B
 
 from envbuild import pipeline as PL
 
+
+from envbuild.outcome import push_probe_outcome
+
+
+from envbuild.background import BaseFutures
+
 from envbuild.values import Base as BaseRef
 from envbuild.errors import InfraError, InputError
 from envbuild.record import iter_records
@@ -49,7 +55,7 @@ def test_the_base_resolves_while_the_lock_runs(tmp_path):
         return BASE
 
     b = make_builder(tmp_path, FakeEngine(), lock=lock)
-    b.base_fn = PL.BaseFutures(base, key=lambda c: "bootstrap")
+    b.base_fn = BaseFutures(base, key=lambda c: "bootstrap")
     t = time.monotonic()
     (r,), _ = PL.run_all(b, [combo()], 1)
     assert saw == {"lock saw the base started": True, "base saw the lock started": True}
@@ -85,7 +91,7 @@ def test_one_base_resolution_is_shared_by_every_combination_and_thread(tmp_path)
         return BASE
 
     b = make_builder(tmp_path, FakeEngine(), jobs=3)
-    b.base_fn = PL.BaseFutures(base, key=lambda c: "bootstrap")
+    b.base_fn = BaseFutures(base, key=lambda c: "bootstrap")
     recs, _ = PL.run_all(b, [combo(), combo("hf", ""), combo("vllm", "0.8.5.post1")], jobs=3)
     assert len(calls) == 1 and len(recs) == 3 and {r.status for r in recs} == {"ok"}
 
@@ -102,7 +108,7 @@ def test_a_base_error_reaches_every_combination_that_needed_it(tmp_path, error, 
         raise error
 
     b = make_builder(tmp_path, FakeEngine(), jobs=2)
-    b.base_fn = PL.BaseFutures(base, key=lambda c: "bootstrap")
+    b.base_fn = BaseFutures(base, key=lambda c: "bootstrap")
     combos = [combo(), combo("hf", ""), combo("vllm", "0.8.5.post1")]
     recs, _ = PL.run_all(b, combos, jobs=2)
     assert len(calls) == 1  # resolved once, its error shared
@@ -140,7 +146,7 @@ def test_ctrl_c_while_a_combination_waits_for_its_base(tmp_path):
         raise InfraError("debootstrap-failed", "killed by SIGINT")
 
     b = make_builder(tmp_path, FakeEngine(), stop=stop)
-    b.base_fn = PL.BaseFutures(base, key=lambda c: "bootstrap")
+    b.base_fn = BaseFutures(base, key=lambda c: "bootstrap")
     t = time.monotonic()
     recs, interrupted = PL.run_all(b, [combo(), combo("hf", "")], 1)
     assert interrupted and recs == [] and list(iter_records(tmp_path / "results")) == []
@@ -274,4 +280,4 @@ def test_ctrl_c_during_push_and_probe_records_no_verdict(tmp_path):
     (("ok", "r@sha256:1"), ("error", "no-docker", "x"), ("probe", "error", "no-docker")),
 ])
 def test_push_probe_outcome_rule(push, probe, want):
-    assert PL.push_probe_outcome(push, probe)[:3] == want
+    assert push_probe_outcome(push, probe)[:3] == want
