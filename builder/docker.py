@@ -10,24 +10,22 @@ host network: daemons here run without a bridge, and only 127.0.0.1 is a legitim
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import io
 import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import tarfile
 import tempfile
 import threading
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from .errors import InfraError
+from .runlog import BuildResult, run_logged
 from . import push as pushing
 from .values import split_ref
 from .probe.hardware import host_platform, platform_arch
@@ -35,7 +33,6 @@ from .probe.hardware import host_platform, platform_arch
 DAEMON_DOWN = re.compile(r"Cannot connect to the Docker daemon|Is the docker daemon running|"
                          r"error during connect|connect: no such file or directory|"
                          r"permission denied while trying to connect", re.I)
-TAIL_LINES = 200
 
 
 def _candidates() -> list[str]:
@@ -87,17 +84,6 @@ def detect(client: str | None = None) -> "Engine":
         tried.append(f"{c}: no buildx and its `docker build` is not BuildKit")
     raise InfraError("no-buildkit", "no docker client can build with BuildKit (" + "; ".join(tried) +
                      "); install docker-buildx or Debian's docker.io")
-
-
-@dataclass
-class BuildResult:
-    ok: bool
-    rc: int
-    seconds: float
-    image_id: str | None = None
-    timed_out: bool = False
-    interrupted: bool = False
-    tail: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -411,76 +397,3 @@ def _finish(proc: subprocess.Popen) -> tuple[str, str]:
     proc.stdin = None  # so communicate() does not flush what is closed
     out, err = proc.communicate()
     return out.decode(errors="replace").strip(), err.decode(errors="replace").strip()
-
-
-# --- running a logged, killable command ---------------------------------------------------------
-
-def run_logged(argv: list[str], log_path: str | os.PathLike, *, env: dict | None = None,
-               timeout: float | None = None, on_line: Callable[[str], None] | None = None,
-               stop: threading.Event | None = None) -> BuildResult:
-    """Run argv with stdout+stderr appended to log_path; keep the last lines; kill the whole
-    process group on timeout or when `stop` is set (Ctrl-C)."""
-    log_path = Path(log_path)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-    t0 = time.monotonic()
-    timed_out = interrupted = False
-    with open(log_path, "a", buffering=1) as log:
-        log.write(f"$ {' '.join(argv)}\n")
-        try:
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                    errors="replace", env=env, start_new_session=True)
-        except OSError as e:
-            log.write(f"cannot start: {e}\n")
-            return BuildResult(False, 127, 0.0, tail=[str(e)])
-
-        def reader():
-            for line in proc.stdout:
-                log.write(line)
-                tail.append(line.rstrip("\n"))
-                if on_line:
-                    try:
-                        on_line(line)
-                    except Exception:
-                        pass
-
-        th = threading.Thread(target=reader, daemon=True)
-        th.start()
-        while proc.poll() is None:
-            if timeout is not None and time.monotonic() - t0 > timeout:
-                timed_out = True
-            elif stop is not None and stop.is_set():
-                interrupted = True
-            if timed_out or interrupted:
-                _kill(proc)
-                break
-            time.sleep(0.2)
-        proc.wait()
-        th.join(timeout=10)
-        secs = time.monotonic() - t0
-        if timed_out:
-            log.write(f"\nenvbuild: timed out after {timeout:.0f}s, killed\n")
-        elif interrupted:
-            log.write("\nenvbuild: interrupted, killed\n")
-        log.write(f"envbuild: exit {proc.returncode} after {secs:.1f}s\n")
-    return BuildResult(proc.returncode == 0 and not timed_out and not interrupted, proc.returncode, secs,
-                       timed_out=timed_out, interrupted=interrupted, tail=list(tail))
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    # The docker client closing its session makes BuildKit cancel the solve. SIGINT first (the
-    # client's clean cancel), harder signals if it lingers, then whatever is left of its group.
-    for sig, wait in ((signal.SIGINT, 5), (signal.SIGTERM, 5), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # stragglers would hold the output pipe open
-    except ProcessLookupError:
-        pass

@@ -13,6 +13,7 @@ import pytest
 
 from envbuild import docker as D
 from envbuild import push as P
+from envbuild import runlog
 from envbuild import secretfiles as S
 from envbuild import values as V
 from envbuild.errors import InfraError
@@ -93,9 +94,9 @@ def test_secret_files_are_private_and_removed():
 def test_run_logged_keeps_log_and_tail(tmp_path):
     log = tmp_path / "logs" / "x.log"
     seen = []
-    r = D.run_logged(["sh", "-c", "for i in $(seq 1 300); do echo line$i; done; exit 3"], log, on_line=seen.append)
+    r = runlog.run_logged(["sh", "-c", "for i in $(seq 1 300); do echo line$i; done; exit 3"], log, on_line=seen.append)
     assert (r.ok, r.rc) == (False, 3)
-    assert r.tail[-1] == "line300" and len(r.tail) == D.TAIL_LINES and len(seen) == 300
+    assert r.tail[-1] == "line300" and len(r.tail) == runlog.TAIL_LINES and len(seen) == 300
     text = log.read_text()
     assert "line1\n" in text and "envbuild: exit 3" in text
 
@@ -104,7 +105,7 @@ def test_run_logged_timeout_kills_the_process_group(tmp_path):
     t = time.monotonic()
     # a child that ignores nothing but would outlive its parent if only the parent were killed
     pidfile = tmp_path / "bg.pid"
-    r = D.run_logged(["sh", "-c", f"sleep 60 & echo $! > {pidfile}; sleep 60"], tmp_path / "t.log", timeout=1)
+    r = runlog.run_logged(["sh", "-c", f"sleep 60 & echo $! > {pidfile}; sleep 60"], tmp_path / "t.log", timeout=1)
     assert r.timed_out and not r.ok and time.monotonic() - t < 20
     assert "timed out after 1s" in (tmp_path / "t.log").read_text()
     bg = int(pidfile.read_text())
@@ -121,7 +122,7 @@ def test_run_logged_timeout_kills_the_process_group(tmp_path):
 def test_run_logged_stop_event_interrupts(tmp_path):
     ev = threading.Event()
     threading.Timer(0.5, ev.set).start()
-    r = D.run_logged(["sleep", "60"], tmp_path / "s.log", stop=ev)
+    r = runlog.run_logged(["sleep", "60"], tmp_path / "s.log", stop=ev)
     assert r.interrupted and not r.ok and r.seconds < 20
 
 

@@ -20,7 +20,7 @@ from envbuild import pipeline as PL
 
 from envbuild import progress as PR
 from envbuild.values import Base as BaseRef
-from envbuild.docker import BuildResult
+from envbuild.runlog import BuildResult
 from envbuild.errors import InfraError, InputError
 from envbuild.fold import fold_combo
 from envbuild.values import Combo

@@ -24,7 +24,7 @@ PKG = Path(__file__).resolve().parent.parent / "builder"
 # tables, and `python -m envbuild`'s __main__ on top. A ratchet: lower it when a cut lowers the house.
 MAX_FLOORS = 11
 
-WRITERS = {"envbuild.docker", "envbuild.render", "envbuild.layers", "envbuild.base", "envbuild.build",
+WRITERS = {"envbuild.docker", "envbuild.runlog", "envbuild.render", "envbuild.layers", "envbuild.base", "envbuild.build",
            "envbuild.pipeline", "envbuild.lock", "envbuild.index", "envbuild.attach", "envbuild.table",
            "envbuild.fold", "envbuild.bake", "envbuild.push", "envbuild.matrix", "envbuild.expand", "envbuild.probe_run"}
 READERS = {"envbuild.pick", "envbuild.verify", "envbuild.diff", "envbuild.views", "envbuild.notify",
