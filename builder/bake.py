@@ -18,7 +18,7 @@ from pathlib import Path
 from . import image
 from .selector import add_selector_args
 from .outcome import exit_of_lock
-from .probe.hardware import env_suffix
+from .index_config import torch_index_env
 from .probe.vocab import EXIT_INFRA
 from .errors import EnvbuildError, InfraError, InputError
 from .fsutil import write_atomic
@@ -81,8 +81,7 @@ def bake_file(rendered: list[dict], repo_default: str, cache_default: str) -> di
         model = ImageModel.from_dict(r["model"])
         secrets = ["id=index-url,env=ENVBUILD_INDEX_URL", "id=ca-bundle,env=ENVBUILD_CA_BUNDLE"]
         if model.needs_torch_index:
-            # One variable per variant (envbuild.index.torch_source): one bake file may hold several.
-            secrets.append(f"id=torch-index-url,env=ENVBUILD_TORCH_INDEX_URL_{env_suffix(model.combo.cuda)}")
+            secrets.append(f"id=torch-index-url,env={torch_index_env(model.combo.cuda)}")
         parent_target, parent_key = None, ""
         for name, text in split_layers(model):
             key = hashlib.sha256("\0".join([parent_key, text, _hash_ctx(ctx, stage_sources(model, name))])

@@ -19,7 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from .errors import InfraError, InputError
-from .probe.hardware import parse_variant
+from .probe.hardware import env_suffix, parse_variant
 
 PYTORCH_INDEX_ENV = "ENVBUILD_PYTORCH_INDEX"
 # The public PyTorch index (one folder per variant: cu126/, cu128/, ...); a mirror replaces it
@@ -204,11 +204,18 @@ def pytorch_index_root() -> str:
 
 def torch_index_url(root: str, variant: str) -> str:
     """The PyTorch index of one accelerator variant, under the configured root: the one place its
-    URL is made (the lock, the build's secret, the nightly's `envbuild ci index-url`)."""
+    URL is made (the lock, the build's secret, the nightly's `envbuild ci torch-index`)."""
     v = parse_variant(variant)
     if v is None:
         raise InputError("matrix", None, "cuda", variant, "not an accelerator variant")
     return check_index_url(f"{root.rstrip('/')}/{v.index_path}", PYTORCH_INDEX_ENV)
+
+
+def torch_index_env(variant: str) -> str:
+    """The variable a bake file reads a variant's torch-index secret from: one per variant, since
+    one bake file may hold several; a shell identifier for any variant (rocm6.2 -> ..._rocm6_2).
+    The bake file names it and the nightly's build step exports it (`ci torch-index --export`)."""
+    return "ENVBUILD_TORCH_INDEX_URL_" + env_suffix(variant)
 
 
 def torch_source(variant: str, torch_version: str, meta, root: str | None = None,
