@@ -19,7 +19,8 @@ import ast
 from dataclasses import dataclass, field
 
 from .gates import DEAD, GATED, LIVE
-from .staticimports import CallRef, ModuleIndex, _absolute, _reach, _rel
+from .staticimports import ModuleIndex, _reach, _rel
+from .summary import CallRef, absolute_module
 
 # Decorators that keep a function's signature (functools.wraps-style, or markers).
 KEEPS_SIGNATURE = {"staticmethod", "classmethod", "property", "cached_property", "lru_cache", "cache", "wraps",
@@ -145,7 +146,7 @@ def _find_def(index: ModuleIndex, trees: Trees, module: str, name: str, hops: in
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
             defs.append(node)
         elif isinstance(node, ast.ImportFrom):
-            src = _absolute(node.module, node.level, module, loc.kind == "package")
+            src = absolute_module(node.module, node.level, module, loc.kind == "package")
             for a in node.names:
                 if a.name == "*" and src:
                     stars.append(src)
