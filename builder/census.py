@@ -80,7 +80,8 @@ def unpacked(f: dict, cache: Path) -> Path:
 def judge(engine: str, sites: list[str]) -> dict:
     """The static contracts of one combination, as a contract-level verdict (a child process:
     the reading is pure Python, so combinations run in parallel only in processes)."""
-    from .probe.contract import _static_checks, static_report
+    from .probe.contract import _static_checks
+    from .probe.staticreport import static_report
     from .probe.verdict import NOT_APPLICABLE, Verdict
 
     t0 = time.perf_counter()

@@ -9,7 +9,7 @@ import sys
 import time
 from dataclasses import asdict
 
-from .contract import static_report
+from .staticreport import static_report
 from .extcheck import check_extensions
 
 
