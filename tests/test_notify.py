@@ -274,7 +274,8 @@ def test_notify_touches_only_its_own_issues_and_keeps_its_deadline(tmp_path, gh,
     has a deadline."""
     import time as _time
     from envbuild.errors import InfraError
-    from envbuild.notify import GitHub, notify as notify_fn
+    from envbuild.github_api import GitHub
+    from envbuild.notify import notify as notify_fn
     from envbuild.row import Table
 
     monkeypatch.setenv("ENVBUILD_STATE", str(tmp_path / "state"))
@@ -298,7 +299,7 @@ def test_notify_touches_only_its_own_issues_and_keeps_its_deadline(tmp_path, gh,
 
 def test_a_rate_limited_answer_is_waited_for_within_bounds():
     from envbuild.errors import InfraError
-    from envbuild.notify import MAX_RETRY_WAIT_S, GitHub, _RateLimited
+    from envbuild.github_api import MAX_RETRY_WAIT_S, GitHub, _RateLimited
 
     slept = []
     g = GitHub("https://api.example", REPO, TOKEN, sleep=slept.append)
