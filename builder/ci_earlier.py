@@ -23,7 +23,8 @@ from .archive import unpack
 from .errors import InputError, TrustError
 from .row import RECORDS_ARCHIVE, TABLE_PAYLOAD_TYPE
 from .sign import VerifyError, load_signer, public_key_of, verify_envelope
-from .trust import load_verified, table_location
+from .tablesource import table_location
+from .trust import load_verified
 
 HISTORY_ARCHIVE = "history.tar.gz"
 _RECORD = re.compile(r"records/[^/]+/[^/]+\.json")

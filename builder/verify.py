@@ -14,7 +14,8 @@ from .attest import verify_cli
 from .errors import InputError, TrustError
 from .row import RECORDS_ARCHIVE, Table, attestation_path
 from .sign import VerifyError, load_public_key, verify_envelope
-from .trust import DEFAULT_TABLE, PUBKEY_NAME, Location, _json, add_trust_arguments, load_verified
+from .tablesource import DEFAULT_TABLE, PUBKEY_NAME, Location, parse_json
+from .trust import add_trust_arguments, load_verified
 
 # ---------------------------------------------------------------- coverage
 
@@ -61,8 +62,8 @@ def verify_attestations(table: Table, info: dict, pubkey=None) -> int:
         raw = info["reader"].get(path, missing_ok=True)
         if raw is None:
             raise VerifyError(f"{path}: missing attestation for {row.id}")
-        payload, ptype = verify_envelope(_json(raw, path, "a DSSE envelope"), key, path)
-        stmt = _json(payload, path, "an in-toto statement")
+        payload, ptype = verify_envelope(parse_json(raw, path, "a DSSE envelope"), key, path)
+        stmt = parse_json(payload, path, "an in-toto statement")
         if not isinstance(stmt, dict):
             stmt = {}
         subj = stmt.get("subject")

@@ -302,7 +302,7 @@ def test_a_schema_1_table_reads_only_when_allowed_and_not_after_a_newer_serial(s
 
 
 def test_one_spelling_per_location():
-    from envbuild.trust import canonical_url, locate
+    from envbuild.tablesource import canonical_url, locate
     want = "https://tables.example/static/"
     for url in ("https://tables.example/static/", "https://tables.example//static/", "https://Tables.Example:443/static/./",
                 "https://tables.example/static//", "https://tables.example/x/../static/"):
@@ -313,7 +313,7 @@ def test_one_spelling_per_location():
 def test_a_symlink_names_the_table_it_points_at(site, tmp_path):
     """Pinned through one name, a key-2 table reached through a symlink to the same folder is not
     a new first use."""
-    from envbuild.trust import locate
+    from envbuild.tablesource import locate
     link = tmp_path / "alias"
     link.symlink_to(site["out"])
     assert locate(link).identity == locate(site["out"]).identity == str(site["out"])
@@ -438,7 +438,7 @@ def test_a_table_that_fails_verify_pins_nothing_and_remembers_no_serial(tmp_path
     checked the listed files, so a tampered site with a high serial could lock a reader out of the
     real table. Now a table is remembered only once every check passed."""
     from envbuild.state import TrustStore
-    from envbuild.trust import locate
+    from envbuild.tablesource import locate
     monkeypatch.setenv("SOURCE_DATE_EPOCH", str(1_800_000_000))
     res = tmp_path / "results"
     write_all(res, [rec(A, passed("env", "contract"), img=image(A), run=1)])
