@@ -65,11 +65,45 @@ def test_compatibility_rules_and_gpu_names():
     blackwell = Coverage(sass={100})
     assert blackwell.runs_on(100) and not blackwell.runs_on(103)
     assert Coverage(sass={100}, ptx={100}).runs_on(103)
+    # ... and once its flags say it is not arch-specific, a plain or family sm_100 cubin runs on 10.3
+    assert Coverage(sass={100}, portable={100}).runs_on(103) and not Coverage(sass={100}, portable={100}).runs_on(120)
     assert parse_sm("H200") == 90 and parse_sm("GB200") == 100 and parse_sm("B300") == 103
     assert parse_sm("sm_90") == parse_sm("9.0") == parse_sm("sm_90a") == parse_sm("compute_90") == 90
     assert parse_sm("banana") is None
     ok, missing = supported({"a.so": hopper_only, "b.so": ptx}, [80, 90, 100])
     assert ok == [90] and missing == {80: ["a.so"], 100: ["a.so"]}
+
+
+FIXTURES = Path(__file__).parent / "fatbin"  # tests/fatbin/make.sh: one kernel, built with nvcc 13.0
+
+
+def test_a_cubins_flags_say_whether_it_is_arch_specific():
+    """The entry header's flags, compressed (as wheels ship) or not: plain and family cubins run on
+    the later GPUs of their major (sm_100 on the B300, 10.3; sm_120 on 12.1), sm_XYa ones on their
+    own GPU only."""
+    plain, raw = read_coverage(FIXTURES / "plain.so"), read_coverage(FIXTURES / "plain-uncompressed.so")
+    assert plain == raw and plain.sass == plain.portable == {80, 90, 100, 120} and not plain.ptx
+    assert [cc for cc in (80, 86, 89, 90, 100, 103, 110, 120, 121) if plain.runs_on(cc)] == [80, 86, 89, 90, 100, 103,
+                                                                                              120, 121]
+    specific = read_coverage(FIXTURES / "arch-specific.so")
+    assert specific.sass == {90, 100} and not specific.portable
+    assert [cc for cc in (90, 100, 103) if specific.runs_on(cc)] == [90, 100]
+    assert specific.to_dict()["sass"] == ["sm_90a", "sm_100a"] and plain.to_dict()["sass"][-1] == "sm_120"
+    family = read_coverage(FIXTURES / "family.so")
+    assert family.sass == family.portable == {100, 120} and family.runs_on(103) and family.runs_on(121)
+    ok, missing = supported({"p.so": plain, "a.so": specific}, [90, 100, 103])
+    assert ok == [90, 100] and missing == {103: ["a.so"]}
+
+
+@pytest.mark.network
+def test_arch_specific_cubins_are_the_ones_cuobjdump_names_so(nvidia):
+    _, exe = nvidia
+    for name in ("plain", "arch-specific", "family"):
+        lib = FIXTURES / f"{name}.so"
+        cov = read_coverage(lib)
+        out = subprocess.run([str(exe), "--list-elf", str(lib)], capture_output=True, text=True, check=True).stdout
+        assert cov.sass == {int(m) for m in re.findall(r"\.sm_(\d+)a?\.cubin", out)}, out
+        assert cov.sass - cov.portable == {int(m) for m in re.findall(r"\.sm_(\d+)a\.cubin", out)}, out
 
 
 def test_files_without_kernels_are_empty(tmp_path):

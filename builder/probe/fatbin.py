@@ -6,12 +6,17 @@ A CUDA library keeps its kernels in the ELF section `.nv_fatbin`: a run of fat-b
 headers are read (seek past the payloads), so even a 1 GB libtorch_cuda takes well under a second.
 
 Compatibility rules (NVIDIA's CUDA compatibility guide): a cubin for sm_XY runs on a GPU of the
-same major X with minor >= Y, except arch-specific cubins (sm_90a, sm_100a, sm_103a, sm_120a),
-which run on that exact GPU only; PTX for compute_XY is JIT-compiled for any GPU with compute
-capability >= XY. A GPU with neither fails with "no kernel image is available for execution on
-the device" (the B300 reports: wheels with sm_100a cubins and no PTX). The entry headers read here
-do not say whether a cubin is arch-specific, so from sm_90 on (where those exist) a cubin counts
-for its exact GPU only: a wheel may be said not to cover a GPU it runs on, never the reverse.
+same major X with minor >= Y, and so does a family-specific one (sm_100f: 10.0 and 10.3), except
+arch-specific cubins (sm_90a, sm_100a, sm_103a, sm_120a), which run on that exact GPU only; PTX for
+compute_XY is JIT-compiled for any GPU with compute capability >= XY. A GPU with neither fails
+with "no kernel image is available for execution on the device" (the B300 reports: wheels with
+sm_100a cubins and no PTX). Which kind a cubin is, the entry header says in its flags: bit
+ARCH_SPECIFIC (0x100000) for sm_XYa, FAMILY (0x200000) for sm_XYf, as nvcc 12.4 and 13.0 write
+them (tests/fatbin/: vLLM's FA3 kernels are all sm_90a, torch cu124 carries two sm_90a cubins
+beside its plain sm_90 ones). A file runs on a GPU when any of its cubins does (its kernels for
+other GPUs are dispatched at run time), so a plain sm_100 cubin counts for the B300 (10.3) and an
+sm_100a one only for the B200. A cubin whose kind is unknown counts for its exact GPU only: a
+wheel may be said not to cover a GPU it runs on, never the reverse.
 
 Standard library only: this runs inside images as part of the probe.
 """
@@ -24,8 +29,10 @@ from dataclasses import dataclass, field
 
 FATBIN_MAGIC = 0xBA55ED50
 KIND_PTX, KIND_SASS = 1, (2, 0x10)  # 0x10: a cubin stored the alternate way; cuobjdump lists it as ELF
-# Entry header: kind, ?, header size, payload size (8-aligned, with padding), stored size, ?, minor, arch.
-_ENTRY = struct.Struct("<HHIQIII I")
+# Entry header: kind, ?, header size, payload size (8-aligned, with padding), stored size, ?, minor,
+# arch, name offset and size, flags (u64).
+_ENTRY = struct.Struct("<HHIQIII IIIQ")
+ARCH_SPECIFIC, FAMILY = 0x100000, 0x200000  # flags of an sm_XYa and an sm_XYf cubin
 # GPU product names -> compute capability (major*10+minor). Grace-Hopper/Blackwell superchips carry
 # the same GPU as their discrete parts.
 GPUS = {
@@ -35,26 +42,33 @@ GPUS = {
 }
 
 
-ARCH_SPECIFIC_FROM = 90  # sm_90a was the first arch-specific target
+ARCH_SPECIFIC_FROM = 90  # sm_90a was the first arch-specific target: below it every cubin is portable
 
 
 @dataclass
 class Coverage:
-    """The variants one file (or one package, merged) carries."""
+    """The variants one file (or one package, merged) carries. `portable`: the SASS architectures
+    with at least one cubin that is not arch-specific (plain or family), read from the flags."""
     sass: set[int] = field(default_factory=set)
     ptx: set[int] = field(default_factory=set)
+    portable: set[int] = field(default_factory=set)
 
     def merge(self, other: "Coverage") -> None:
         self.sass |= other.sass
         self.ptx |= other.ptx
+        self.portable |= other.portable
+
+    def _portable(self, s: int) -> bool:
+        return s < ARCH_SPECIFIC_FROM or s in self.portable
 
     def runs_on(self, cc: int) -> bool:
-        if any(s == cc or (s < ARCH_SPECIFIC_FROM and s // 10 == cc // 10 and s <= cc) for s in self.sass):
+        if any(s == cc or (self._portable(s) and s // 10 == cc // 10 and s <= cc) for s in self.sass):
             return True
         return any(p <= cc for p in self.ptx)
 
     def to_dict(self) -> dict:
-        return {"sass": [f"sm_{s}" for s in sorted(self.sass)], "ptx": [f"compute_{p}" for p in sorted(self.ptx)]}
+        return {"sass": [f"sm_{s}" + ("" if self._portable(s) else "a") for s in sorted(self.sass)],
+                "ptx": [f"compute_{p}" for p in sorted(self.ptx)]}
 
     def empty(self) -> bool:
         return not self.sass and not self.ptx
@@ -120,13 +134,15 @@ def read_coverage(path: str | os.PathLike) -> Coverage:
             epos, eend = pos + hsize, min(pos + hsize + fat_size, end)
             while epos + _ENTRY.size <= eend:
                 f.seek(epos)
-                kind, _, ehsize, payload, _, _, _, arch = _ENTRY.unpack(f.read(_ENTRY.size))
+                kind, _, ehsize, payload, _, _, _, arch, _, _, flags = _ENTRY.unpack(f.read(_ENTRY.size))
                 if ehsize < _ENTRY.size:
                     break  # not an entry: the container is damaged; stop reading it
                 if kind == KIND_PTX:
                     cov.ptx.add(arch)
                 elif kind in KIND_SASS:
                     cov.sass.add(arch)
+                    if not flags & ARCH_SPECIFIC:
+                        cov.portable.add(arch)
                 epos += ehsize + payload
             pos = max(eend, pos + 16)
     return cov

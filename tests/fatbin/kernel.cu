@@ -1,0 +1,1 @@
+__global__ void k(int *p) { *p = 1; }
