@@ -16,7 +16,7 @@ from . import drivers
 from .probe.fatbin import GPUS
 from .query import Ask, Facts, cells, facts, rank_key
 from .row import STATUSES, TABLE_PAYLOAD_TYPE, Row, Table
-from .probe.vocab import LEVELS, level_rank
+from .probe.vocab import ENGINE_SPECS, LEVELS, level_rank
 from .probe.features import FEATURE_SPECS
 from .probe.hardware import DEFAULT_PLATFORM, PLATFORMS, parse_variant
 
@@ -109,7 +109,10 @@ def page_data(table: Table, pubkey: dict) -> dict:
             (platforms[0] if platforms else ""), "gpus": [[s, gpu_label(s)] for s in gpus],
             "defaultLevel": Ask().level, "best": best, "statuses": list(STATUSES),
             "fields": {"shown": ROW_FIELDS, "hidden": HIDDEN_FIELDS},
-            "features": [[f.name, f.label] for f in FEATURE_SPECS]}
+            "features": [[f.name, f.label] for f in FEATURE_SPECS],
+            # the command line's spellings, for the page's address and the commands it prints
+            "engines": [[e.name, e.versioned] for e in ENGINE_SPECS],
+            "gpuNames": {n.lower(): f"sm_{cc}" for n, cc in GPUS.items()}}
 
 
 def render_html(table: Table, pubkey: dict) -> str:

@@ -229,9 +229,9 @@ def test_page_needs_no_network(site):
         srv.shutdown()
         srv.server_close()
     assert len([c for c in s.cells if c["data-status"] != "none"]) == 4
-    # The page asked the server for itself (and at most a favicon) and, for its signature
-    # check, the signed table next to it: nothing else.
-    assert set(seen) - {"/favicon.ico", "/compat.json", "/compat.json.dsse"} == {"/index.html"}
+    # The page asked the server for itself (and at most a favicon), for its signature check the
+    # signed table next to it, and whether the site has earlier tables: nothing else.
+    assert set(seen) - {"/favicon.ico", "/compat.json", "/compat.json.dsse", "/history/index.json"} == {"/index.html"}
 
 
 # ---------------------------------------------------------------- driven like a person: CDP over a pipe
@@ -356,3 +356,97 @@ def test_forged_envelope_and_untrusted_key_fail(site, tmp_path):
     finally:
         b.close()
         srv.close()
+
+
+# ---------------------------------------------------------------- the selection follows the user (issue 50)
+
+
+def _pick(run_cli, site, command: str):
+    """A command the page printed, pasted into the command line (against this table and key)."""
+    argv = command.split()
+    assert argv[:2] == ["envbuild", "pick"], command
+    return run_cli(*argv[1:], "--table", site, "--pubkey", site / "pubkey.json")
+
+
+def test_a_clicked_cell_is_the_answer_and_its_command_runs_as_pasted(site, browser, run_cli):
+    srv = Served(site)
+    try:
+        _open(browser, srv.origin + "/index.html")
+        cmd = "document.querySelector('#answer div').textContent.replace('For this selection: ', '')"
+        # A verified cell: the box answers that cell, and the command says which cell it is.
+        browser.click(f'td.cell[data-ids~="{A["id"]}"]')
+        browser.wait(f"document.getElementById('answer').getAttribute('data-id') === '{A['id']}'")
+        printed = browser.eval(cmd)
+        assert "--vllm 0.8.4" in printed and "--verl 0.4.1" in printed, printed
+        hashed = browser.eval("decodeURIComponent(location.hash)")
+        assert "verl=0.4.1" in hashed and "ev=vllm 0.8.4" in hashed and f"sel={A['id']}" in hashed
+        p = _pick(run_cli, site, printed)
+        assert p.returncode == 0 and p.stdout.split()[0] == image(A)["digest"], p.stderr
+        assert browser.eval("document.getElementById('answer-cmd').textContent") == "docker pull " + p.stdout.split()[0]
+        # A broken cell: no answer on the page, none on the command line (exit 1), for the same reason.
+        browser.click(f'td.cell[data-ids~="{B["id"]}"]')
+        browser.wait("document.getElementById('answer-none') !== null")
+        printed = browser.eval(cmd)
+        assert "--verl 0.5.0" in printed and "--vllm 0.8.4" in printed
+        p = _pick(run_cli, site, printed)
+        assert p.returncode == 1 and "broken at contract" in p.stderr, p.stderr
+        # The engine filter alone: `--engine vllm` (a bare `--vllm` needs a version), and the same answer.
+        browser.eval("(() => { const b = document.getElementById('f-engine'); b.value = 'vllm';"
+                     " b.dispatchEvent(new Event('change')); })()")
+        browser.wait("!decodeURIComponent(location.hash).includes('verl=')")
+        printed = browser.eval(cmd)
+        assert " --engine vllm" in printed and "--verl" not in printed, printed
+        p = _pick(run_cli, site, printed)
+        assert p.returncode == 0, p.stderr
+        assert browser.eval("document.getElementById('answer').getAttribute('data-id')") == p.stderr.split(":")[0]
+    finally:
+        srv.close()
+
+
+def test_the_address_takes_the_command_lines_spellings_and_follows_hashchange(site, browser):
+    s = dom((site / "index.html").as_uri() + "#cuda=12.6&gpu=H200&platform=amd64")
+    assert [c["data-ids"] for c in s.cells if c["data-status"] != "none"] == [C["id"]]
+    assert ("cu126", True) in s.options["f-cuda"] and ("sm_90", True) in s.options["f-gpu"]
+    assert ("linux/amd64", True) in s.options["f-platform"]
+    srv = Served(site)
+    try:
+        _open(browser, srv.origin + "/index.html")
+        assert browser.eval("document.querySelectorAll('td.cell:not([data-status=none])').length") == 4  # A+F, B, C+E, D
+        browser.eval("location.hash = '#cuda=12.6'")  # edited by hand, or back/forward
+        browser.wait("document.querySelectorAll('td.cell:not([data-status=none])').length === 1")
+        assert browser.eval("document.getElementById('f-cuda').value") == "cu126"
+    finally:
+        srv.close()
+
+
+def test_cells_that_are_no_answer_look_so_and_say_why_as_pick_does(site, run_cli):
+    s = dom((site / "index.html").as_uri() + "#level=gpu")
+    a = next(c for c in s.cells if c.get("data-ids", "").startswith(A["id"]))
+    assert "s-below" in a["class"] and a["data-why"] == "verified only up to contract (< gpu)"
+    p = run_cli("pick", "--vllm", "0.8.4", "--verl", "0.4.1", "--python", "3.11", "--level", "gpu",
+                "--table", site, "--pubkey", site / "pubkey.json")
+    assert p.returncode == 1 and a["data-why"] in p.stderr, p.stderr
+    c = next(c for c in s.cells if c.get("data-ids", "").startswith(C["id"]))
+    assert "s-below" not in c["class"] and "data-why" not in c  # an answer says nothing of the sort
+
+
+def test_earlier_tables_are_linked_only_where_the_site_has_them(site, browser, tmp_path):
+    for with_history in (False, True):
+        t = tmp_path / f"site-{with_history}"
+        shutil.copytree(site, t)
+        if with_history:
+            (t / "history").mkdir()
+            (t / "history" / "index.json").write_text("[]\n")
+        srv = Served(t)
+        try:
+            _open(browser, srv.origin + f"/index.html#sel={B['id']}")
+            browser.wait("document.readyState === 'complete'")
+            shown = browser.eval("new Promise(r => setTimeout(() => r(document.getElementById('historylink')"
+                                 ".hasAttribute('data-found')), 300))")
+            assert shown is with_history
+            # the row's runs as a strip, oldest to newest, from the signed table
+            strip = browser.eval("Array.from(document.querySelectorAll('#details .strip span')).map(x => x.className)")
+            assert strip == ["h-fail"]
+        finally:
+            srv.close()
+
