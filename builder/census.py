@@ -185,8 +185,10 @@ def run(args) -> int:
     cen = Census(m, meta, args.jobs)
     t0 = time.monotonic()
     statuses = []
+    pool = ThreadPoolExecutor(max(1, args.jobs))
+    interrupted = False
     try:
-        with Heartbeat("census", len(pl.combos), "combinations") as beat, ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        with Heartbeat("census", len(pl.combos), "combinations") as beat:
             for i, rec in enumerate(pool.map(cen.one, pl.combos), 1):
                 beat.advance(1, f"{rec.combo['id']}: {rec.status}")
                 write_record(args.results, rec)
@@ -201,7 +203,11 @@ def run(args) -> int:
                     print(f"[{i}/{len(pl.combos)}] {rec.combo['id']}: {rec.status}{why}", flush=True)
                     if where:
                         print(f"    {where}", flush=True)
+    except KeyboardInterrupt:
+        interrupted = True  # what is not started is cancelled; what runs is not waited for
+        raise
     finally:
+        pool.shutdown(wait=not interrupted, cancel_futures=True)
         cen.close()
     counts = {s: statuses.count(s) for s in sorted(set(statuses))}
     print(f"census: {len(statuses)} combinations in {time.monotonic() - t0:.1f} s: "

@@ -13,6 +13,8 @@ import importlib
 import json
 import os
 import sys
+import threading
+import time
 
 from .about import VersionAction
 from .errors import EnvbuildError, MissingDependency
@@ -66,7 +68,28 @@ def build_parser(only: str | None = None, lazy: bool = False) -> argparse.Argume
     return parser
 
 
+INTERRUPT_GRACE_S = 0.5  # ^C: how long work still running in threads may take to end
+
+
+def _interrupted(command: str, this_process: bool) -> int:
+    """^C stops within a second. Work still running in threads (a resolution, a scan of verl)
+    would hold the exit until it ends, as Python joins worker threads at exit; what is done is
+    written already (records, locks and tables are written whole or not at all), so the command's
+    own process ends after a short grace. A caller that passed argv (a test) gets the code back."""
+    print(f"envbuild {command}: interrupted", file=sys.stderr)
+    deadline = time.monotonic() + INTERRUPT_GRACE_S
+    busy = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    for t in busy:
+        t.join(max(0.0, deadline - time.monotonic()))
+    if this_process and any(t.is_alive() for t in busy):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+    return 130
+
+
 def main(argv: list[str] | None = None) -> int:
+    this_process = argv is None
     argv = sys.argv[1:] if argv is None else argv
     # Only the command asked for is imported; completion walks every command, so it gets them all.
     one = argv[0] if argv and argv[0] in COMMANDS and argv[0] != "completion" else None
@@ -102,8 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"error": {"command": args.command, "message": str(e), "exit_code": e.exit_code}}))
         return e.exit_code
     except KeyboardInterrupt:
-        print(f"envbuild {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return _interrupted(args.command, this_process)
     except OSError as e:  # a file-system error no module named: one line, infrastructure
         from .errors import INFRA  # noqa: F811 - the exit code of infrastructure
         print(f"envbuild {args.command}: {e.filename or ''}{': ' if e.filename else ''}{e.strerror or e}",

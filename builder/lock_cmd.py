@@ -79,13 +79,20 @@ def run(args) -> int:
             print(summary(r, out), flush=True)
         worst = max(worst, exit_of_lock(r.status))
 
-    with ThreadPoolExecutor(max_workers=args.jobs, thread_name_prefix="envbuild-lock") as pool, \
-            _Progress(len(pl.combos)) as progress:
-        futs = []
-        for c in pl.combos:
-            futs.append(pool.submit(progress.wrap(one, c.id), c))
-        for f in futs:  # plan order, whatever order they finish in
-            emit(f.result())
+    pool = ThreadPoolExecutor(max_workers=args.jobs, thread_name_prefix="envbuild-lock")
+    interrupted = False
+    try:
+        with _Progress(len(pl.combos)) as progress:
+            futs = []
+            for c in pl.combos:
+                futs.append(pool.submit(progress.wrap(one, c.id), c))
+            for f in futs:  # plan order, whatever order they finish in
+                emit(f.result())
+    except KeyboardInterrupt:
+        interrupted = True  # the locks not started are cancelled; a running resolution is not waited for
+        raise
+    finally:
+        pool.shutdown(wait=not interrupted, cancel_futures=True)
     if os.environ.get("ENVBUILD_DEBUG"):
         print(f"uv resolutions run: {locker.uv_runs}", file=sys.stderr)
     return worst
