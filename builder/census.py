@@ -27,7 +27,7 @@ from pathlib import Path
 
 from .errors import EnvbuildError, InfraError
 from .fsutil import write_json_atomic
-from .progress import Heartbeat
+from .progress import Progress
 from .index import Metadata
 from .lock import Locker
 from .lockmodel import ordered_wheel_tags
@@ -188,7 +188,7 @@ def run(args) -> int:
     pool = ThreadPoolExecutor(max(1, args.jobs))
     interrupted = False
     try:
-        with Heartbeat("census", len(pl.combos), "combinations") as beat:
+        with Progress("census", len(pl.combos), "combinations") as beat:
             for i, rec in enumerate(pool.map(cen.one, pl.combos), 1):
                 beat.advance(1, f"{rec.combo['id']}: {rec.status}")
                 write_record(args.results, rec)

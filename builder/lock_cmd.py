@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,8 +16,12 @@ from .lockmodel import LockResult, explain
 from .matrix import matrix_from_args
 from .expand import plan_from_args
 from .outcome import exit_of_lock
+from .progress import Progress
 from .selector import add_selector_args
 
+
+
+HEARTBEAT_S = 15.0  # piped: one plain stderr line this often while resolutions run
 
 
 def add_arguments(p) -> None:
@@ -82,7 +84,7 @@ def run(args) -> int:
     pool = ThreadPoolExecutor(max_workers=args.jobs, thread_name_prefix="envbuild-lock")
     interrupted = False
     try:
-        with _Progress(len(pl.combos)) as progress:
+        with Progress("lock", len(pl.combos), "combinations", every=HEARTBEAT_S) as progress:
             futs = []
             for c in pl.combos:
                 futs.append(pool.submit(progress.wrap(one, c.id), c))
@@ -96,75 +98,3 @@ def run(args) -> int:
     if os.environ.get("ENVBUILD_DEBUG"):
         print(f"uv resolutions run: {locker.uv_runs}", file=sys.stderr)
     return worst
-
-
-HEARTBEAT_S = 15.0  # piped: one plain stderr line this often while resolutions run
-
-
-class _Progress:
-    """A live progress display on a terminal (stderr). Piped, stdout stays one line per
-    combination and stderr gets a plain heartbeat while resolutions run (a CI log that shows
-    nothing for 30 s looks hung)."""
-
-    def __init__(self, total: int, heartbeat_s: float = HEARTBEAT_S):
-        self.total = total
-        self.done = 0
-        self.heartbeat_s = heartbeat_s
-        self._beat = None
-        self.live = None
-        if sys.stderr.isatty() and total > 0:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-            self.live = Progress(SpinnerColumn(), TextColumn("lock"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), TextColumn("{task.description}"),
-                                 console=Console(stderr=True), transient=True)
-            self.task = self.live.add_task("", total=total)
-        self.running: list[str] = []
-        self._lk = threading.Lock()
-
-    def __enter__(self):
-        if self.live:
-            self.live.start()
-        elif self.total > 0:
-            self._stop = threading.Event()
-            self._beat = threading.Thread(target=self._heartbeat, daemon=True, name="envbuild-lock-heartbeat")
-            self._beat.start()
-        return self
-
-    def __exit__(self, *exc):
-        if self.live:
-            self.live.stop()
-        if self._beat:
-            self._stop.set()
-
-    def _heartbeat(self):
-        t0 = time.monotonic()
-        while not self._stop.wait(self.heartbeat_s):
-            with self._lk:
-                running = list(self.running)
-            if running:
-                print(f"lock: {self.done}/{self.total} done, {time.monotonic() - t0:.0f} s; resolving "
-                      + ", ".join(running[:3]) + (f" +{len(running) - 3}" if len(running) > 3 else ""),
-                      file=sys.stderr, flush=True)
-
-    def wrap(self, fn, cid):
-        def run(*a):
-            self._set(cid, +1)
-            try:
-                return fn(*a)
-            finally:
-                self._set(cid, -1)
-        return run
-
-    def _set(self, cid, delta):
-        with self._lk:
-            if delta > 0:
-                self.running.append(cid)
-            else:
-                self.running.remove(cid)
-                self.done += 1
-            if not self.live:
-                return
-            shown = ", ".join(self.running[:2]) + (f" +{len(self.running) - 2}" if len(self.running) > 2 else "")
-            self.live.update(self.task, advance=1 if delta < 0 else 0, description=shown)

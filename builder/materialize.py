@@ -27,7 +27,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 
 from .errors import EnvbuildError, InfraError, InputError, TrustError
-from .progress import Heartbeat
+from .progress import Progress
 from .fsutil import write_json_atomic
 from .lockfile import parse_lock, pins_of
 from .paths import templates_dir
@@ -208,7 +208,7 @@ def _pip(venv: Path, args: list[str], timeout: float = 3600) -> None:
 
 def materialize(row_id: str, row: dict, wheelhouse: Path, venv: Path, python: str, use_host: bool,
                 compile_bytecode: bool = True, compile_kernels: bool = True) -> dict:
-    with Heartbeat(f"venv {row_id}: checking the node") as beat:
+    with Progress(f"venv {row_id}: checking the node") as beat:
         return _materialize(row_id, row, wheelhouse, venv, python, use_host, compile_bytecode, compile_kernels, beat)
 
 

@@ -28,7 +28,7 @@ from packaging.tags import Tag
 from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
 
 from .errors import InfraError, InputError
-from .progress import Heartbeat
+from .progress import Progress
 from .fsutil import write_atomic, write_json_atomic
 from .index import Metadata, _open
 from .index_config import redact, torch_source
@@ -167,7 +167,7 @@ def run(args) -> int:
         doc = read_manifest(out)
     except InputError:
         doc = {"schema": SCHEMA, "rows": {}}
-    with Heartbeat("wheelhouse", len(pl.combos), "rows") as beat:
+    with Progress("wheelhouse", len(pl.combos), "rows") as beat:
         return _rows(args, pl, locker, out, doc, host, meta, m, beat)
 
 

@@ -489,3 +489,25 @@ def test_rich_progress_renders_states_and_steps(tmp_path):
     assert combo().id in out and combo("hf", "").id in out
     assert prog.rows[combo().id][0] == "fail" and prog.rows[combo("hf", "").id][0] == "ok"
     assert prog.rows[combo().id][1] == "compile-failure"
+
+
+def test_plain_progress_beats_between_state_lines_with_the_running_build_step():
+    """Piped, a build step of minutes was one line and then silence (issue 50): the one progress
+    model's beat now says which combination runs, in which step, for how long."""
+    import io
+    import time
+
+    stream = io.StringIO()
+    c = combo()
+    with PR.PlainProgress([c], stream=stream, every=0.05) as prog:
+        prog.update(c.id, "building")
+        prog.step(c.id, "#12 [engine 2/3] RUN uv pip install --no-deps")
+        time.sleep(0.3)
+        prog.update(c.id, "ok")
+        time.sleep(0.15)
+    lines = stream.getvalue().splitlines()
+    beats = [ln for ln in lines if "build: " in ln]
+    assert any("build: 0/1 combinations done" in ln and f"running {c.id} (#12 [engine 2/3] RUN uv pip" in ln
+               for ln in beats), lines
+    assert "build: 1/1 combinations done" in beats[-1] and f"last: {c.id}: ok" in beats[-1]
+    assert any(ln.endswith(f"{c.id}: building (0s)") for ln in lines)  # the state lines stay

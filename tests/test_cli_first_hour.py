@@ -58,8 +58,8 @@ def test_a_long_lock_says_it_is_alive_when_piped(capsys):
     """Issue 28: piped, `lock` was silent for 25-35 s. A plain stderr line now, no escape codes."""
     import time
 
-    from envbuild.lock_cmd import _Progress
-    with _Progress(2, heartbeat_s=0.2) as prog:
+    from envbuild.progress import Progress
+    with Progress("lock", 2, "combinations", every=0.2) as prog:
         prog.wrap(lambda: time.sleep(0.7), "verl0.4.1-hf")()
     err = capsys.readouterr().err
-    assert "lock: 0/2 done" in err and "resolving verl0.4.1-hf" in err and "\x1b" not in err
+    assert "lock: 0/2 combinations done" in err and "running verl0.4.1-hf (0s)" in err and "\x1b" not in err

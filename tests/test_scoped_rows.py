@@ -209,11 +209,11 @@ def test_first_day_errors_say_what_to_do(run_cli, tmp_path):
     assert p.returncode == 2 and "verify an image by digest" in p.stderr
 
 
-def test_heartbeat_reports_to_a_pipe_and_never_to_a_terminal():
+def test_progress_beats_to_a_pipe_and_keeps_one_live_line_on_a_terminal():
     import io
     import time as _t
 
-    from envbuild.progress import Heartbeat
+    from envbuild.progress import Progress
 
     class Pipe(io.StringIO):
         def isatty(self):
@@ -224,7 +224,7 @@ def test_heartbeat_reports_to_a_pipe_and_never_to_a_terminal():
             return True
 
     pipe = Pipe()
-    with Heartbeat("census", 3, "combinations", stream=pipe, every=0.05) as b:
+    with Progress("census", 3, "combinations", stream=pipe, every=0.05) as b:
         b.advance(1, "verl0.9.1-vllm0.24.0: ok")
         _t.sleep(0.3)
     out = pipe.getvalue().splitlines()
@@ -233,6 +233,9 @@ def test_heartbeat_reports_to_a_pipe_and_never_to_a_terminal():
     _t.sleep(0.2)
     assert len(pipe.getvalue().splitlines()) == n  # ended with the block
     tty = Tty()
-    with Heartbeat("venv", stream=tty, every=0.05):
-        _t.sleep(0.2)
-    assert tty.getvalue() == ""
+    with Progress("venv", stream=tty, every=0.05) as b:
+        b.start("verl0.9.1-vllm0.24.0", "installing")
+        _t.sleep(1.3)
+    # a terminal gets one live line (redrawn in place, erased at the end), never a beat of lines
+    assert "venv: 0 done" in tty.getvalue() and "running verl0.9.1-vllm0.24.0 (installing" in tty.getvalue()
+    assert "\x1b[" in tty.getvalue()  # drawn in place
