@@ -189,8 +189,12 @@ def run(args) -> int:
     interrupted = False
     try:
         with Progress("census", len(pl.combos), "combinations") as beat:
-            for i, rec in enumerate(pool.map(cen.one, pl.combos), 1):
-                beat.advance(1, f"{rec.combo['id']}: {rec.status}")
+            def one(c):  # counted as running while it runs, so a beat says which and for how long
+                beat.start(c.id)
+                return cen.one(c)
+
+            for i, rec in enumerate(pool.map(one, pl.combos), 1):
+                beat.finish(rec.combo["id"], f"{rec.combo['id']}: {rec.status}")
                 write_record(args.results, rec)
                 statuses.append(rec.status)
                 where = _first_finding(rec)
