@@ -275,6 +275,7 @@ def add_arguments(p) -> None:
     p.add_argument("--cosign-pubkey", metavar="FILE",
                    help="also write the key's public half as PEM (SubjectPublicKeyInfo), the form "
                         "`cosign verify-attestation --key FILE` reads")
+    p.add_argument("--json", action="store_true", help="one JSON object per image attached")
 
 
 def attach_results(results: str | Path, signer, only: list[str] | None = None, engine=None):
@@ -312,7 +313,11 @@ def run(args) -> int:
     n, total = 0, 0
     for row_id, res in attach_results(args.results, signer, args.only):
         where = f"tag {res.tag}" + (" + OCI referrers" if res.referrers else "")
-        print(f"{row_id}: attached {', '.join(res.kinds)} to {res.image} ({where}; {res.bytes_added} bytes)")
+        if args.json:
+            print(json.dumps({"id": row_id, "image": res.image, "kinds": list(res.kinds), "tag": res.tag,
+                              "referrers": bool(res.referrers), "bytes_added": res.bytes_added}), flush=True)
+        else:
+            print(f"{row_id}: attached {', '.join(res.kinds)} to {res.image} ({where}; {res.bytes_added} bytes)")
         n, total = n + 1, total + res.bytes_added
     print(f"{n} image(s), {total} bytes attached, signed by keyid {public_key_of(signer).keyid}",
           file=sys.stderr)

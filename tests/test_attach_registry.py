@@ -152,6 +152,10 @@ def test_attach_verify_and_refusals(env, tmp_path, capsys):
     assert main(["verify", pinned_a, "--pubkey", str(pub)]) != 0
     assert "does not match the content" in capsys.readouterr().err
 
-    # re-attaching repairs it
-    assert main(["attach", "--results", str(results), "--key", str(priv)]) == 0
+    # re-attaching repairs it (--json: one object per image, for scripts)
+    capsys.readouterr()
+    assert main(["attach", "--results", str(results), "--key", str(priv), "--json"]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    said = json.loads(line)
+    assert said["image"] == pinned_a and said["kinds"] == ["test-result", "sbom", "provenance"] and said["bytes_added"] > 0
     assert main(["verify", pinned_a, "--pubkey", str(pub)]) == 0
