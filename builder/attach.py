@@ -189,7 +189,8 @@ def statements_for(row: dict, records: list, results: str | Path, engine=None) -
     from . import __version__
     from .render import PROBE_DIR, context_hash
     from .sign import statement
-    from .table import image_statement, parse_pinned
+    from .row import parse_pinned
+    from .table import image_statement
 
     table_row, row = row, (row.to_dict() if hasattr(row, "to_dict") else row)  # a Row object or its dict
     pinned = parse_pinned((row.get("image") or {}).get("pinned"))
@@ -283,7 +284,7 @@ def attach_results(results: str | Path, signer, only: list[str] | None = None, e
     `for _ in attach_results(results, signer): pass` after the table is written). Yields
     (combination id, AttachResult) as each image is done."""
     from .record import iter_records
-    from .table import fold
+    from .fold import fold
 
     records = list(iter_records(results))
     by_combo: dict[str, list] = {}

@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .errors import EnvbuildError, InfraError, InputError
+from .errors import InfraError, InputError
 from .fsutil import exclusive
 from .paths import cache_dir
 from .values import IMAGE_RE, Base, registry_host, split_ref
@@ -44,8 +44,6 @@ BASE_KINDS = ("nvidia", "bootstrap")  # anything else names an image
 BINFMT = Path("/proc/sys/fs/binfmt_misc")
 CHROOT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
               "HOME": "/root", "DEBIAN_FRONTEND": "noninteractive"}
-
-
 
 
 def registry_digest_of(engine, ref: str) -> str | None:
@@ -362,28 +360,3 @@ def resolve_base(engine, spec: str, combo=None, suite: str = DEFAULT_SUITE, log=
 
 
 # --- CLI: envbuild base bootstrap -------------------------------------------------------------
-
-def add_arguments(parser) -> None:
-    sub = parser.add_subparsers(dest="base_command", metavar="ACTION")
-    b = sub.add_parser("bootstrap", help="debootstrap a minimal base with Python and import it")
-    b.add_argument("--suite", default=DEFAULT_SUITE, help="distribution suite (default bookworm)")
-    b.add_argument("--tag", help="image reference to create (default: envbuild/base:<suite>-py3-<input hash>)")
-    b.add_argument("--mirror", help="distribution mirror (default: the one this host's apt uses)")
-    b.add_argument("--platform", default=DEFAULT_PLATFORM, choices=list(PLATFORMS),
-                   type=lambda v: parse_platform(v) or v,  # any spelling: arm64, aarch64, linux/arm64
-                   help=f"the image's platform (default {DEFAULT_PLATFORM}); another than this host's "
-                        "is built under qemu (ci/emulation.sh) and pushed to --registry")
-    b.add_argument("--registry", metavar="HOST",
-                   help="registry for a non-host platform's base, e.g. 127.0.0.1:5000 (its tag: "
-                        "HOST/envbuild/base:<suite>-py3-<input hash>)")
-
-
-def run(args) -> int:
-    if getattr(args, "base_command", None) != "bootstrap":
-        raise EnvbuildError("expected an action: bootstrap (envbuild base bootstrap --help)")
-    from .docker import detect
-    engine = detect()
-    base = bootstrap(engine, suite=args.suite, tag=args.tag, mirror=args.mirror,
-                     platform=args.platform, registry=args.registry)
-    print(base.pinned)  # the host's: the tag, as always; another platform's: REGISTRY/...@sha256:
-    return 0

@@ -1,4 +1,4 @@
-"""`envbuild render`: one Dockerfile (and its build context) per combination.
+"""One combination rendered: its Dockerfile and build context (`envbuild render` is render_cmd).
 
 The context holds the Dockerfile, the layer locks, the secrets helper and a copy of the
 probe. Output is deterministic: the same combination, lock and base give the same bytes, and
@@ -13,7 +13,6 @@ import io
 import json
 import os
 import shutil
-import sys
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,15 +24,9 @@ from .base import resolve_base
 from .errors import InputError
 from .fsutil import write_atomic
 from .layers import SEED_EXTRAS, SEED_STASH, STAGES, STEP_CACHE_DIR, ImageModel, expected_text, model_for
-from .lock import Locker
 from .lockmodel import LockResult
-from .matrix import matrix_from_args
-from .expand import plan_from_args
-from .selector import add_selector_args
 from .values import Base, Combo
-from .outcome import exit_of_lock
 from .paths import templates_dir
-from .index import Metadata
 
 
 __all__ = ["Base", "Rendered", "render_combo", "render_dockerfile", "render_stages", "context_hash", "base_for"]
@@ -167,36 +160,3 @@ def read_meta(context_dir: str | Path) -> dict | None:
 def base_for(combo: Combo, choice: str, bootstrap_ref: str | None = None) -> Base:
     """--base nvidia | bootstrap | IMAGE -> the base, without a container engine (envbuild.base)."""
     return resolve_base(None, choice, combo, bootstrap_ref=bootstrap_ref)
-
-
-def add_arguments(p) -> None:
-    add_selector_args(p)
-    p.add_argument("--out", default="rendered", help="output folder (default: ./rendered)")
-    p.add_argument("--locks", default="locks", help="where lock files go (default: ./locks)")
-    p.add_argument("--base", default="nvidia", help="nvidia (default) | bootstrap | IMAGE")
-    p.add_argument("--base-ref", default=None, help="the image for --base bootstrap (default: detect)")
-    p.add_argument("--json", action="store_true", help="print what was rendered (or why not) as JSON")
-
-
-def run(args) -> int:
-    meta = Metadata()
-    m = matrix_from_args(args)
-    locker = Locker(m, meta)
-    rc = 0
-    report = []
-    for c in plan_from_args(args, meta).combos:
-        lock = locker.lock(c, args.locks)
-        if not lock.ok:
-            report.append({"id": c.id, "status": lock.status, "detail": lock.detail})
-            if not args.json:
-                print(f"{c.id}: not rendered: {lock.status}: {' '.join(lock.detail.split())}")
-            rc = max(rc, exit_of_lock(lock.status))
-            continue
-        r = render_combo(c, lock, base_for(c, args.base, args.base_ref), args.out)
-        report.append({"id": c.id, "status": "ok", "dockerfile": str(r.dockerfile), "content_hash": r.content_hash})
-        if not args.json:
-            print(f"{c.id}: {r.dockerfile} (content {r.content_hash[:12]})")
-    if args.json:
-        json.dump(report, sys.stdout, indent=2, sort_keys=True)
-        print()
-    return rc
