@@ -409,7 +409,34 @@ def fold(records, refused: list[str] | None = None) -> list[Row]:
                     refused.append(why)
                 continue
             by_combo.setdefault(cid, []).append(r)
+    by_combo = {c: _bound(c, recs, refused) for c, recs in by_combo.items()}
     # A combination whose every record is an infrastructure error (an index that did not answer,
     # a daemon that was down) says nothing about the stack: it is not a row of the table.
     return [fold_combo(by_combo[c]) for c in sorted(by_combo)
-            if not all(r.status == "error" and not r.image for r in by_combo[c])]
+            if by_combo[c] and not all(r.status == "error" and not r.image for r in by_combo[c])]
+
+
+def made_here(r) -> bool:
+    """A record of the run that made the image it names: the pipeline's, which locked and rendered
+    the image's context and then built it or found it built (its timings say so)."""
+    return isinstance(r.timings, dict) and bool({"render", "build"} & set(r.timings))
+
+
+def _bound(cid: str, recs: list, refused: list[str] | None) -> list:
+    """A record that only probed an image (the GPU runners' `ci probe`) counts only for an image
+    that a record of this combination made: its verdicts cannot give the row a digest nobody
+    built, nor land on an image of another combination."""
+    id_to_digest = {r.image["id"]: _image_key(r.image) for r in recs
+                    if r.image and r.image.get("id") and parse_pinned(r.image.get("digest"))}
+    made = {_image_key(r.image, id_to_digest) for r in recs if r.image and made_here(r)}
+    out = []
+    for r in recs:
+        if r.image and not is_placed(r) and not made_here(r):
+            key = _image_key(r.image, id_to_digest)
+            if key is None or key not in made:
+                if refused is not None:
+                    refused.append(f"record {r.run_id} of {cid}: it probed {key or 'an unnamed image'}, "
+                                   f"which no build record of {cid} made")
+                continue
+        out.append(r)
+    return out

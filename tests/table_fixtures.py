@@ -41,8 +41,11 @@ def rec(c: dict, probe: dict | None = None, *, img=None, stage="probe", status="
         detail="", run: int | None = None, machine=None) -> Record:
     """A record; `run` orders records (larger = newer)."""
     n = next(_seq) if run is None else run
+    # a record with an image is the pipeline's (it rendered and built the image) unless told
+    # otherwise: fold counts a probe-only record only for an image such a record made
     return Record(combo=c, stage=stage, status=status, cause=cause, detail=detail, image=img,
                   probe=probe or {}, machine=machine or {"hostname": "test"},
+                  timings={"render": 0.1, "build": 1.0} if img else {},
                   run_id=f"20261201T{n:06d}-abcdef", created=f"2026-12-01T00:00:{n % 60:02d}Z",
                   lock_hash="ab" * 32)
 

@@ -47,6 +47,9 @@ def test_record_status_and_error_is_never_a_verdict(tmp_path):
     assert record_status({"contract": fail})[:2] == ("fail", "module-missing")
     assert record_status({"contract": {"status": "needs-gpu"}})[0] == "ok"
     assert record_status({"contract": {"status": "timeout", "checks": []}})[:2] == ("fail", "timeout")
+    # The build record the probes are of (a probe-only record counts only for an image one made).
+    write_record(tmp_path, Record(combo=job.combo, stage="build", status="ok", image=job.image, lock_hash="ab" * 32,
+                                  timings={"render": 0.1, "build": 1.0}))
     # Lost three times: an infrastructure error naming every node, and the table keeps the row unbroken.
     lost = Outcome(job, attempts=[Attempt(f"node{i}", "h", "lost", "NodeDiedError") for i in range(3)])
     rec = write_outcome(tmp_path, lost)

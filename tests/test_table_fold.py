@@ -302,3 +302,32 @@ def test_a_combination_with_only_infrastructure_errors_is_not_a_row():
                  rec(b, stage="lock", status="error", cause="index-unreachable", run=2),
                  rec(b, passed("env"), img=image(b), run=3)])
     assert [r.id for r in rows] == [b["id"]]
+
+
+def test_a_probe_only_record_counts_only_for_an_image_a_build_record_of_its_row_made():
+    """Issue 49: a GPU runner's record (`ci probe`: it probed an image, built nothing) cannot give
+    a row a digest nobody built, nor verify a row whose image it never saw."""
+    from envbuild.record import Record
+
+    def gpu_record(c, img, run):  # what probe_run.record_probe writes: the probe's timing only
+        r = rec(c, passed("env", "contract", "gpu"), img=img, run=run)
+        r.timings = {"probe": 30.0}
+        return r
+
+    built = rec(C, passed("env", "contract"), img=image(C), run=1)
+    refused: list[str] = []
+    (row,) = fold([built, gpu_record(C, image(C), 2)], refused)
+    assert row.best_level == "gpu" and row.image.pinned == image(C)["digest"] and not refused
+    # the same record naming an image no build of this row made: refused, the row is as built
+    other = image(combo(verl="0.5.0"))
+    (row,) = fold([built, gpu_record(C, other, 3)], refused)
+    assert row.best_level == "contract" and row.image.pinned == image(C)["digest"]
+    assert len(refused) == 1 and "which no build record of" in refused[0] and other["digest"].split("@")[1] in refused[0]
+    # a probe-only record of a row nothing built makes no row at all
+    assert fold([gpu_record(combo(verl="0.6.1"), image(combo(verl="0.6.1")), 4)], refused) == []
+    # a pipeline record that found its image built (reused: lock and render, no build) made it too
+    reused = Record(combo=C, stage="probe", status="ok", image=image(C), probe=passed("env"),
+                    timings={"lock": 1.0, "render": 0.2}, run_id="20261201T000009-abcdef",
+                    created="2026-12-01T00:00:09Z")
+    (row,) = fold([reused, gpu_record(C, image(C), 10)])
+    assert row.best_level == "gpu"
