@@ -291,6 +291,9 @@ def test_select_a_cell_and_copy_the_pull_command(site, browser):
         assert browser.eval("navigator.clipboard.readText()") == want
         detail = browser.eval(f"document.querySelector('.variant[data-id=\"{C['id']}\"]').textContent")
         assert "≥ 560.28.03 (Linux, for CUDA 12.6)" in detail and "minor version compatibility" in detail
+        # two CUDA 12 variants in the cell (C and E), one driver paragraph
+        assert browser.eval("document.querySelectorAll('#details .variant').length") == 2
+        assert browser.eval("document.querySelectorAll('#details .driver-note').length") == 1
         assert "ago)" in detail  # how old the verdict is
         # A broken cell: its failure's log excerpt, and no pull command for a broken image.
         browser.click(f'td.cell[data-ids~="{B["id"]}"]')
