@@ -134,3 +134,40 @@ def test_every_platform_reaches_every_consumer(spec):
     assert platform_tag("2.35", spec.name) == f"{spec.machine}-manylinux_2_35"
     cid = Combo("0.9.1", "hf", "", "2.11.0", "cu130", "3.12", platform=spec.name).id
     assert (spec.arch in cid) == (spec.name != DEFAULT_PLATFORM), cid
+
+
+@pytest.mark.parametrize("kind", ACCELERATORS.values(), ids=lambda k: k.name)
+def test_the_env_levels_library_checks_are_the_kinds_own(kind, tmp_path):
+    """A torch of each kind gets the env level's GPU-library checks its descriptor lists
+    (AcceleratorKind.env_checks) and every other one is said not checked, never run against the
+    wrong kind's libraries nor called "a CPU build" (a stand-in torch of that kind, in a child)."""
+    import json
+    import subprocess
+    import sys
+
+    version = {"cuda": "12.6", "rocm": "6.2.41133", "cpu": ""}[kind.name]
+    fake = tmp_path / "torch"
+    fake.mkdir()
+    attrs = {a: None for a in ("cuda", "hip")}
+    if kind.torch_attr:
+        attrs[kind.torch_attr] = version
+    (fake / "__init__.py").write_text(
+        "__version__ = '2.5.1'\n"
+        f"class version:\n    cuda = {attrs['cuda']!r}\n    hip = {attrs['hip']!r}\n"
+        "class _C:\n    _GLIBCXX_USE_CXX11_ABI = True\n"
+        # what cudnn and nccl ask of a CUDA build (no GPU needed)
+        "class backends:\n    class cudnn:\n        version = staticmethod(lambda: 90100)\n"
+        "class cuda:\n    class nccl:\n        version = staticmethod(lambda: (2, 21, 5))\n")
+    code = ("import json\nfrom envbuild.probe.verdict import Verdict\nfrom envbuild.probe import env_level\n"
+            "v = Verdict('env', 'hf')\nwith v.at_level('env'):\n    env_level.run_env(v, {}, 'hf')\n"
+            "print(json.dumps({c.name: [c.status, c.detail] for c in v.checks}))\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**__import__("os").environ, "PYTHONPATH": str(tmp_path)})
+    checks = json.loads(p.stdout.splitlines()[-1])
+    for name in ("cudnn", "nccl", "gpu-arch"):
+        status, detail = checks[name]
+        if name in kind.env_checks:
+            assert status != "not-applicable", (name, detail)
+        else:
+            assert status == "not-applicable", (name, detail)
+            assert ("CPU build" in detail) == (kind.name == "cpu") and (kind.label in detail or kind.name == "cpu")

@@ -109,10 +109,6 @@ def _stop(started) -> None:
 def _check_gpu_arch(v: Verdict, torch, started=None) -> None:
     """Which GPUs every native extension of this environment has kernels for (no GPU needed)."""
     t0 = started[1] if started is not None else time.perf_counter()
-    if not torch.version.cuda:
-        _stop(started)
-        v.add("gpu-arch", NOT_APPLICABLE, "CPU build of torch")
-        return
     cov = _coverage(started)
     v.hardware["gpu_arch"] = cov
     v.hardware["min_shm_bytes"] = MIN_SHM_BYTES
@@ -170,9 +166,18 @@ def run_env(v: Verdict, expect: dict, engine: str) -> None:
     else:
         v.add("torch-cuda", SKIPPED, f"torch is a {seen.label} build; no --expect-cuda given")
 
-    _check_cudnn(v, torch)
-    _check_nccl(v, torch)
-    _check_gpu_arch(v, torch, gpu_arch)
+    # The GPU libraries and kernels of a torch of this kind, as its descriptor lists them; a kind
+    # without them (a CPU build; ROCm: AMD code objects are not read) is said not checked.
+    checks = {"cudnn": _check_cudnn, "nccl": _check_nccl,
+              "gpu-arch": lambda v, torch: _check_gpu_arch(v, torch, gpu_arch)}
+    for name, check in checks.items():
+        if name in seen.accelerator.env_checks:
+            check(v, torch)
+        else:
+            v.add(name, NOT_APPLICABLE, "CPU build of torch" if seen.kind == "cpu" else
+                  f"a {seen.label} build of torch: envbuild has no {name} check for it")
+    if "gpu-arch" not in seen.accelerator.env_checks:
+        _stop(gpu_arch)
 
     abi = bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", False))
     v.versions["cxx11_abi"] = abi
@@ -221,9 +226,6 @@ def _torch_pins(prefix: str) -> dict[str, str]:
 
 def _check_cudnn(v: Verdict, torch) -> None:
     t0 = time.perf_counter()
-    if torch.version.cuda is None:
-        v.add("cudnn", NOT_APPLICABLE, "CPU build of torch")
-        return
     try:
         rt = torch.backends.cudnn.version()  # e.g. 90100; loads libcudnn, needs no driver
     except BaseException as e:
@@ -255,9 +257,6 @@ def _check_cudnn(v: Verdict, torch) -> None:
 
 def _check_nccl(v: Verdict, torch) -> None:
     t0 = time.perf_counter()
-    if torch.version.cuda is None:
-        v.add("nccl", NOT_APPLICABLE, "CPU build of torch")
-        return
     try:
         ver = torch.cuda.nccl.version()
         ver = ".".join(map(str, ver)) if isinstance(ver, tuple) else str(ver)

@@ -29,6 +29,8 @@ class AcceleratorKind:
     driver_lib      the driver's user-space library: "<it>: cannot open shared object file" means
                     this host has no driver
     driver_label    what a reader calls that driver
+    env_checks      the env level's checks of a torch built for it (its GPU libraries, and which GPUs
+                    its extensions have kernels for); a kind without them is said not checked
     """
 
     name: str
@@ -41,6 +43,7 @@ class AcceleratorKind:
     no_device: tuple[tuple[str, str], ...] = ()
     driver_lib: str | None = None
     driver_label: str = ""
+    env_checks: tuple[str, ...] = ()
 
 
 CUDA_KIND = AcceleratorKind("cuda", "CUDA", "cu", "cuda", ("--gpus", "all"), ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg"),
@@ -53,7 +56,8 @@ CUDA_KIND = AcceleratorKind("cuda", "CUDA", "cu", "cuda", ("--gpus", "all"), ("/
                                         "NVML (driver) not found"),
                                        (r"cudaGetDeviceCount|CUDA_ERROR_NO_DEVICE|no CUDA-capable device is detected",
                                         "no CUDA device")),
-                            driver_lib="libcuda", driver_label="NVIDIA driver")
+                            driver_lib="libcuda", driver_label="NVIDIA driver",
+                            env_checks=("cudnn", "nccl", "gpu-arch"))
 ROCM_KIND = AcceleratorKind("rocm", "ROCm", "rocm", "hip",
                             ("--device", "/dev/kfd", "--device", "/dev/dri", "--group-add", "video"),
                             ("/dev/kfd",), ("rocm-smi", "--showproductname"),
