@@ -177,6 +177,6 @@ def test_a_cpu_torch_stops_the_coverage_child():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdout=subprocess.PIPE, text=True)
     v = Verdict(level="env", engine="hf", expect={})
     t0 = time.perf_counter()
-    env_level._check_gpu_arch(v, _Torch(None), (child, t0))
+    env_level._library_checks(v, _Torch(None), env_level.torch_variant(_Torch(None)), (child, t0))
     assert child.returncode is not None and time.perf_counter() - t0 < 10
     assert (v.checks[-1].name, v.checks[-1].status) == ("gpu-arch", "not-applicable")

@@ -106,6 +106,22 @@ def _stop(started) -> None:
         started[0].communicate()
 
 
+def _library_checks(v: Verdict, torch, seen: Variant, gpu_arch=None) -> None:
+    """The GPU libraries and kernels of a torch of this kind, as its descriptor lists them
+    (AcceleratorKind.env_checks); a kind without them (a CPU build; ROCm: AMD code objects are
+    not read) is said not checked, and the coverage child started beside torch's import stops."""
+    checks = {"cudnn": _check_cudnn, "nccl": _check_nccl,
+              "gpu-arch": lambda v, torch: _check_gpu_arch(v, torch, gpu_arch)}
+    for name, check in checks.items():
+        if name in seen.accelerator.env_checks:
+            check(v, torch)
+        else:
+            v.add(name, NOT_APPLICABLE, "CPU build of torch" if seen.kind == "cpu" else
+                  f"a {seen.label} build of torch: envbuild has no {name} check for it")
+    if "gpu-arch" not in seen.accelerator.env_checks:
+        _stop(gpu_arch)
+
+
 def _check_gpu_arch(v: Verdict, torch, started=None) -> None:
     """Which GPUs every native extension of this environment has kernels for (no GPU needed)."""
     t0 = started[1] if started is not None else time.perf_counter()
@@ -166,18 +182,7 @@ def run_env(v: Verdict, expect: dict, engine: str) -> None:
     else:
         v.add("torch-cuda", SKIPPED, f"torch is a {seen.label} build; no --expect-cuda given")
 
-    # The GPU libraries and kernels of a torch of this kind, as its descriptor lists them; a kind
-    # without them (a CPU build; ROCm: AMD code objects are not read) is said not checked.
-    checks = {"cudnn": _check_cudnn, "nccl": _check_nccl,
-              "gpu-arch": lambda v, torch: _check_gpu_arch(v, torch, gpu_arch)}
-    for name, check in checks.items():
-        if name in seen.accelerator.env_checks:
-            check(v, torch)
-        else:
-            v.add(name, NOT_APPLICABLE, "CPU build of torch" if seen.kind == "cpu" else
-                  f"a {seen.label} build of torch: envbuild has no {name} check for it")
-    if "gpu-arch" not in seen.accelerator.env_checks:
-        _stop(gpu_arch)
+    _library_checks(v, torch, seen, gpu_arch)
 
     abi = bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", False))
     v.versions["cxx11_abi"] = abi
