@@ -418,8 +418,9 @@ def fold(records, refused: list[str] | None = None) -> list[Row]:
 
 def made_here(r) -> bool:
     """A record of the run that made the image it names: the pipeline's, which locked and rendered
-    the image's context and then built it or found it built (its timings say so)."""
-    return isinstance(r.timings, dict) and bool({"render", "build"} & set(r.timings))
+    the image's context and then built it or found it built (its timings say so), or one that
+    ended at the build or the push."""
+    return r.stage in ("build", "push") or (isinstance(r.timings, dict) and bool({"render", "build"} & set(r.timings)))
 
 
 def _bound(cid: str, recs: list, refused: list[str] | None) -> list:
@@ -428,11 +429,14 @@ def _bound(cid: str, recs: list, refused: list[str] | None) -> list:
     built, nor land on an image of another combination."""
     id_to_digest = {r.image["id"]: _image_key(r.image) for r in recs
                     if r.image and r.image.get("id") and parse_pinned(r.image.get("digest"))}
-    made = {_image_key(r.image, id_to_digest) for r in recs if r.image and made_here(r)}
+    def key_of(image: dict):  # an image named only by its reference (a local build) is that reference
+        return _image_key(image, id_to_digest) or (f"ref:{image['ref']}" if image.get("ref") else None)
+
+    made = {key_of(r.image) for r in recs if r.image and made_here(r)}
     out = []
     for r in recs:
         if r.image and not is_placed(r) and not made_here(r):
-            key = _image_key(r.image, id_to_digest)
+            key = key_of(r.image)
             if key is None or key not in made:
                 if refused is not None:
                     refused.append(f"record {r.run_id} of {cid}: it probed {key or 'an unnamed image'}, "

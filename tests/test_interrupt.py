@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# A census whose combinations take 30 s each after the first: ^C comes while two of them run.
+# A census whose combinations take 60 s each after the first: ^C comes while two of them run.
 CENSUS = textwrap.dedent("""
     import sys, time
     import envbuild.census as census
@@ -23,7 +23,7 @@ CENSUS = textwrap.dedent("""
 
     def one(self, c):
         if c.verl != "0.4.1":
-            time.sleep(30)
+            time.sleep(60)
         return Record(combo=c.to_dict(), stage="lock", status="ok")
 
     census.Census.one = one
@@ -49,7 +49,9 @@ def test_ctrl_c_ends_the_census_within_a_second_and_keeps_what_finished(tmp_path
         took = time.monotonic() - t0
     finally:
         p.kill()
-    assert rc == 130 and took < 1.5, (rc, took, p.stderr.read())
+    # ended after its grace (0.5 s; here under 1 s), not after the running combinations' 60 s: the
+    # bound is loose so that a loaded CI machine cannot make it flaky
+    assert rc == 130 and took < 15, (rc, took, p.stderr.read())
     records = list((tmp_path / "results" / "records").rglob("*.json"))
     assert records and {json.loads(r.read_text())["combo"]["verl"] for r in records} == {"0.4.1"}  # the quick ones
 
@@ -65,10 +67,8 @@ def test_a_command_that_is_interrupted_in_place_returns_its_code_to_a_caller():
             threading.Thread(target=time.sleep, args=(2,)).start()
             raise KeyboardInterrupt
         census.run = run
-        t0 = time.monotonic()
         rc = main(["census"])
-        print(rc, round(time.monotonic() - t0, 1))
+        print(rc, flush=True)  # main returned: the caller's process was not ended under it
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
-    rc, took = out.stdout.split()
-    assert rc == "130" and float(took) < 1.5 and "census: interrupted" in out.stderr, out
+    assert out.stdout.split() == ["130"] and "census: interrupted" in out.stderr, out

@@ -443,9 +443,8 @@ def test_earlier_tables_are_linked_only_where_the_site_has_them(site, browser, t
         srv = Served(t)
         try:
             _open(browser, srv.origin + f"/index.html#sel={B['id']}")
-            browser.wait("document.readyState === 'complete'")
-            shown = browser.eval("new Promise(r => setTimeout(() => r(document.getElementById('historylink')"
-                                 ".hasAttribute('data-found')), 300))")
+            browser.wait("document.body.getAttribute('data-history-checked') === '1'")
+            shown = browser.eval("document.getElementById('historylink').hasAttribute('data-found')")
             assert shown is with_history
             # the row's runs as a strip, oldest to newest, from the signed table
             strip = browser.eval("Array.from(document.querySelectorAll('#details .strip span')).map(x => x.className)")
