@@ -20,7 +20,7 @@ from pathlib import Path
 from . import host
 from .base import bootstrap, resolve_base
 from .docker import detect
-from .errors import EnvbuildError, InfraError, InputError
+from .errors import INTERRUPTED, EnvbuildError, InfraError, InputError
 from .image import REPOSITORY_ENV, add_repository_arg, repository_from_args
 from .index import Metadata
 from .index_config import default_index_url, pytorch_root
@@ -297,5 +297,5 @@ def summarize(records, opts: Options, interrupted: bool, planned: int, out=None)
               f"{' '.join(missing)} (then `envbuild publish`)", file=out)
     if interrupted:
         print(f"interrupted: {len(records)} of {planned} recorded; rerun the same command to resume", file=out)
-        return 130
+        return INTERRUPTED
     return exit_of_records(r.status for r in records)

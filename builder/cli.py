@@ -17,7 +17,7 @@ import threading
 import time
 
 from .about import VersionAction
-from .errors import EnvbuildError, MissingDependency
+from .errors import BAD_INPUT, BROKEN_PIPE, INTERRUPTED, EnvbuildError, MissingDependency
 
 # name -> (module, one-line help). One table; order is the order shown in --help.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -84,8 +84,8 @@ def _interrupted(command: str, this_process: bool) -> int:
     if this_process and any(t.is_alive() for t in busy):
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(130)
-    return 130
+        os._exit(INTERRUPTED)
+    return INTERRUPTED
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,28 +97,28 @@ def main(argv: list[str] | None = None) -> int:
         hint = difflib.get_close_matches(argv[0], list(COMMANDS), n=1)
         print(f"envbuild: unknown command {argv[0]!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
               + f"; commands: {', '.join(COMMANDS)}", file=sys.stderr)
-        return 2
+        return BAD_INPUT
     # No command named (--help, --version, nothing): list the commands without importing any.
     lazy = one is None and not (argv and argv[0] == "completion")
     try:
         parser = build_parser(one, lazy=lazy)
     except MissingDependency as e:
         print(f"envbuild: {e}", file=sys.stderr)
-        return 2
+        return BAD_INPUT
     parser.set_defaults(_parser=parser)
     args, extra = parser.parse_known_args(argv)
     if extra:
         return _unknown_flags(parser, args, extra)
     if not getattr(args, "_run", None):
         parser.print_help()
-        return 2
+        return BAD_INPUT
     try:
         rc = int(args._run(args) or 0)
         sys.stdout.flush()  # a reader that went away shows here, not in a traceback at exit
         return rc
     except BrokenPipeError:  # `envbuild plan --all | head -1`: stop quietly, as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141  # 128 + SIGPIPE, what the shell reports for such a tool
+        return BROKEN_PIPE  # what the shell reports for such a tool
     except EnvbuildError as e:
         print(f"envbuild {args.command}: {e}", file=sys.stderr)
         if getattr(args, "json", False):  # a reader of --json output gets the error in its own shape
@@ -148,7 +148,7 @@ def _unknown_flags(parser, args, extra: list[str]) -> int:
     where = f"envbuild {args.command}" if getattr(args, "command", None) else "envbuild"
     print(f"{where}: " + "; ".join(parts), file=sys.stderr)
     print((sub or parser).format_usage().rstrip(), file=sys.stderr)
-    return 2
+    return BAD_INPUT
 
 
 if __name__ == "__main__":

@@ -21,6 +21,9 @@ from .probe.vocab import EXIT_INFRA as INFRA
 from .probe.vocab import EXIT_OK as OK  # noqa: F401 - the codes' home is the vocabulary (shared with the probe)
 from .probe.vocab import EXIT_VERDICT as VERDICT
 
+# Ended by a signal, as the shell reports it (128 + the signal): ^C, and a reader that went away.
+INTERRUPTED, BROKEN_PIPE = 130, 141
+
 # The exit code of a command's outcomes (verdicts, records, lock results): envbuild.outcome.
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from .errors import EnvbuildError, InfraError, InputError, TrustError
+from .errors import INFRA, EnvbuildError, InfraError, InputError, TrustError
 from .progress import Progress
 from .fsutil import write_json_atomic
 from .lockfile import parse_lock, pins_of
@@ -57,7 +57,7 @@ print(json.dumps(out))
 class Refused(EnvbuildError):
     """The row cannot be judged on this node (a pin neither carried nor here at its version)."""
 
-    exit_code = 3
+    exit_code = INFRA
 
 
 def read_manifest(folder: str | os.PathLike) -> dict:

@@ -28,7 +28,7 @@ import sys
 from dataclasses import dataclass
 
 from .diff import compare
-from .errors import UsageError
+from .errors import VERDICT, UsageError
 from .github_api import ACTIONS_BOT, DEADLINE_S, GitHub
 from .query import unsettled
 from .row import Row, Table
@@ -279,5 +279,5 @@ def run(args) -> int:
         print("no issue to open, update or close")
     if bad:
         print(f"{len(bad)} verified combination(s) regressed: {', '.join(bad)}", file=sys.stderr)
-        return 1
+        return VERDICT  # a regression: the nightly turns red
     return 0

@@ -13,7 +13,7 @@ import json
 import sys
 from dataclasses import replace
 
-from .errors import InputError
+from .errors import OK, VERDICT, InputError
 from .probe.fatbin import parse_sm
 from .query import DEFAULT_LEVEL, Answer, Ask, answer, versions_in, why_not
 from .row import Row, Table
@@ -128,11 +128,11 @@ def run(args) -> int:
             out["explanation"] = explain_empty(table, a, ans)
             out["rejected"] = [{"id": r.id, "status": r.status, "why": why_not(r, a)} for r in ans.rejected]
         print(json.dumps(out, indent=2, sort_keys=True))
-        return 0 if row else 1
+        return OK if row else VERDICT
     if not row:
         for line in explain_empty(table, a, ans):
             print(line, file=sys.stderr)
-        return 1
+        return VERDICT  # no image qualifies: a verdict, not an error
     if a.in_place:
         ip = row.in_place
         print(row.id)
