@@ -36,6 +36,9 @@ CLASSES: list[tuple[str, str, re.Pattern]] = [
 ]
 STEP_RE = re.compile(r"^#(\d+) \[([^\]]+)\] (.*)$")
 ERR_RE = re.compile(r"^#(\d+) ERROR:? (.*)$")
+# BuildKit's own steps (their headers), as opposed to the Dockerfile's `[stage n/m] RUN …`
+ENGINE_STEP_RE = re.compile(r"(exporting to image|exporting cache|exporting layers|writing image|naming to|"
+                            r"importing cache manifest|resolve image config|load metadata|\[internal\])")
 
 
 # --------------------------------------------------------------------------- build output
@@ -66,6 +69,19 @@ class StepTracker:
             self.failed = self.titles.get(m.group(1), f"step #{m.group(1)}")
 
 
+def _engine_step_failed(tail: list[str]) -> bool:
+    """Whether the step that failed is BuildKit's own (`#23 exporting to image`, `#1 load build
+    definition`) rather than one of the Dockerfile's (`#21 [stage-0 17/18] RUN …`): a failure there
+    is the engine's (a layer its storage lost: "stat /var/lib/docker/overlay2/…: no such file"),
+    never a verdict on the stack."""
+    errs = [m for m in map(ERR_RE.match, tail) if m]
+    if not errs:
+        return False
+    n = errs[-1].group(1)
+    # Named, never guessed: a Dockerfile step whose header the tail cut off must stay the stack's.
+    return any(ln.startswith(f"#{n} ") and ENGINE_STEP_RE.match(ln[len(n) + 2:]) for ln in tail)
+
+
 def classify(tail: list[str], *, timed_out: bool = False, rc: int = 1) -> tuple[str, str]:
     """-> (cause, status) from the last lines of a failed build."""
     if timed_out:
@@ -76,6 +92,8 @@ def classify(tail: list[str], *, timed_out: bool = False, rc: int = 1) -> tuple[
             return cause, status
     if CLASSES[0][2].search(text) and not re.search(r"executor failed running|did not complete successfully", text):
         return "daemon-error", "error"  # ...then the engine's, when no RUN step failed
+    if _engine_step_failed(tail):
+        return "daemon-error", "error"  # BuildKit's own step (exporting to image ...), not the Dockerfile's
     if rc in (125, 126, 127) or not re.search(r"^#\d+ ", text, re.M):
         return "daemon-error", "error"  # the client never got a build going
     return "build-failure", "fail"

@@ -218,6 +218,17 @@ def test_timeout_is_an_error_naming_the_running_step(tmp_path):
      "daemon-error", "error"),
     (["#9 [4/4] RUN python -c 'import verl'", "#9 1.0 ModuleNotFoundError: No module named 'verl'",
       "#9 ERROR: executor failed running [/bin/sh -c python -c 'import verl']: exit code: 1"], "build-failure", "fail"),
+    # Docker 20.10 after a build-cache prune (this stop's CI): the engine lost a layer while exporting
+    (["#22 [stage-0 18/18] RUN cp -R /opt/envbuild/in/locks /opt/envbuild/", "#22 DONE 1.4s", "",
+      "#23 exporting to image", "#23 sha256:e8c613e07b0b7ff33893b694f7759a10d42e180f2b4dc349fb57dc6b71dcab00",
+      "#23 exporting layers 0.0s done",
+      "#23 ERROR: stat /var/lib/docker/overlay2/qdbxw8j7xuz7cm6wf122gsf1h: no such file or directory",
+      "------", " > exporting to image:", "------",
+      "stat /var/lib/docker/overlay2/qdbxw8j7xuz7cm6wf122gsf1h: no such file or directory"], "daemon-error", "error"),
+    # ... but a Dockerfile step whose header the tail cut off stays the stack's
+    (["#9 311.0 ImportError: cannot import name 'x' from 'vllm'",
+      "#9 ERROR: process \"/bin/sh -c python -c 'import vllm'\" did not complete successfully: exit code: 1"],
+     "build-failure", "fail"),
 ])
 def test_classify(tail, cause, status):
     assert BL.classify(tail) == (cause, status)
