@@ -141,3 +141,41 @@ sys.exit(main(sys.argv[1:]))
     plan = subprocess.run([sys.executable, "-c", code, "plan"], capture_output=True, text=True, timeout=60)
     assert plan.returncode == 2 and "Traceback" not in plan.stderr
     assert plan.stderr.strip().count("\n") == 0 and "needs PyYAML" in plan.stderr
+
+
+@pytest.mark.network
+def test_the_readmes_pick_only_install_line_installs_what_pick_and_verify_run_on(tmp_path):
+    """Issue 50: the README's pick-only line, as written (its package list read from the README),
+    into a fresh venv from the package index: pick and verify answer from a signed table, --help
+    lists every command, and a build command says in one line which dependency it lacks."""
+    import re
+    import shlex
+
+    text = (ROOT / "README.md").read_text()
+    line = re.search(r"`(pip install --no-deps PATH-OR-URL-OF-ENVBUILD[^`]*)`", text).group(1)
+    argv = shlex.split(line.replace("\n", " "))
+    uv = _uv()
+    dist = tmp_path / "dist"
+    p = subprocess.run([uv, "build", "--wheel", "--out-dir", str(dist), str(ROOT)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-2000:]
+    (wheel,) = dist.glob("envbuild-*.whl")
+    venv = tmp_path / "venv"
+    subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(venv)], check=True)
+    packages = [str(wheel) if a == "PATH-OR-URL-OF-ENVBUILD" else a for a in argv[2:]]  # after `pip install`
+    p = subprocess.run([uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), *packages],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-2000:]
+    env = {**os.environ, "ENVBUILD_STATE": str(tmp_path / "state"), "ENVBUILD_CONFIG": str(tmp_path / "config")}
+    table = ROOT / "bench" / "h200_rows" / "table"
+
+    def run(*args):
+        return subprocess.run([str(venv / "bin" / "envbuild"), *map(str, args)], capture_output=True, text=True,
+                              env=env, cwd=tmp_path)
+
+    assert run("verify", table, "--pubkey", table / "pubkey.json").returncode == 0
+    p = run("pick", "--hf", "--verl", "0.9.1", "--in-place", "--table", table, "--pubkey", table / "pubkey.json")
+    assert p.returncode == 0 and "verl0.9.1-hf" in p.stdout, p.stderr
+    p = run("--help")
+    assert p.returncode == 0 and all(c in p.stdout for c in ("pick", "verify", "build", "doctor"))
+    p = run("plan", "--vllm", "0.8.4")
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr, p.stderr
