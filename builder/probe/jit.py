@@ -167,6 +167,8 @@ def build(names: list[str], python: str = sys.executable, archs: list[str] | Non
                 continue
             same = reproducible(lib)
             dest.parent.mkdir(parents=True, exist_ok=True)
+            if dest.is_symlink():  # an in-place venv links a node's files: never write through into them
+                dest.unlink()
             shutil.copyfile(lib, dest)
         say(name, f"{k.dist} {version} for {' '.join(tg)} in {time.perf_counter() - t0:.1f} s -> {dest}"
                   + ("" if same else " (strip failed: this layer differs from build to build)"))
