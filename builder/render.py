@@ -123,6 +123,27 @@ def context_files(model: ImageModel, dockerfile: str) -> dict[str, bytes]:
     return files
 
 
+def context_time_ns(data: bytes) -> int:
+    """A context file's time, derived from its bytes. BuildKit sends a build context to the daemon
+    the way rsync does, comparing size and time only, and keeps the last copy per context folder
+    name (moby/buildkit#2592): with one time for every file, a lock that changed without changing
+    its size (a version of the same length, another hash) was not sent again, and the build read
+    the old one, --no-cache or not. Equal bytes get equal times on every machine (the context stays
+    reproducible), other bytes another time (2^60 of them)."""
+    h = int.from_bytes(hashlib.sha256(data).digest()[:8], "big")
+    return (EPOCH + h % (1 << 30)) * 1_000_000_000 + h % 1_000_000_000
+
+
+def set_context_times(root: Path) -> None:
+    """Every file's time from its bytes (context_time_ns); folders one time (nothing is synced by it)."""
+    for p in [*root.rglob("*"), root]:
+        if p.is_file() and not p.is_symlink():
+            t = context_time_ns(p.read_bytes())
+            os.utime(p, ns=(t, t), follow_symlinks=False)
+        else:
+            os.utime(p, (EPOCH, EPOCH), follow_symlinks=False)
+
+
 def render_combo(combo: Combo, lock: LockResult, base: Base, out_dir: str | Path) -> Rendered:
     d = Path(out_dir) / combo.id
     model = model_for(combo, lock, base)
@@ -132,8 +153,7 @@ def render_combo(combo: Combo, lock: LockResult, base: Base, out_dir: str | Path
         shutil.rmtree(d)
     for rel, data in files.items():
         write_atomic(d / rel, data)
-    for p in [*d.rglob("*"), d]:  # COPY keeps file times: one time for all, so layers repeat
-        os.utime(p, (EPOCH, EPOCH), follow_symlinks=False)
+    set_context_times(d)
     h = context_hash(d)
     write_atomic(meta_path(d), json.dumps(
         {"combo": combo.to_dict(), "content_hash": h, "base": base.to_dict(), "lock_hash": lock.lock_hash,
