@@ -24,7 +24,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 from .errors import EnvbuildError, InfraError
-from .probe.vocab import ENGINE, dist_of
+from .probe.vocab import ENGINE, dist_of, normalize_dist
 from .probe.hardware import variant_of
 from .fsutil import write_atomic, write_json_atomic
 from .paths import cache_dir, metadata_snapshot
@@ -136,8 +136,7 @@ def _wheel_metadata(url: str, size: int) -> str:
 # --------------------------------------------------------------------------- metadata
 
 
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+_norm = normalize_dist  # PEP 503 names (the vocabulary's rule, shared with the probe)
 
 
 _CACHE_KEY_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,63}==[A-Za-z0-9][A-Za-z0-9.!+_-]{0,63}\Z")

@@ -191,10 +191,16 @@ JIT_KERNELS = (
 )
 
 
+def normalize_dist(name: object) -> str:
+    """A distribution's name as PEP 503 compares it (`Flashinfer_Python` -> `flashinfer-python`):
+    packaging's canonicalize_name, for the probe, which runs on the standard library only."""
+    return re.sub(r"[-_.]+", "-", str(name)).lower()
+
+
 def jit_kernels_for(pinned) -> list[str]:
     """The kernels an environment compiles ahead of time: those whose library it pins (names of
     distributions, any spelling). An image's build step and an in-place venv both ask here."""
-    have = {re.sub(r"[-_.]+", "-", str(n)).lower() for n in pinned}
+    have = {normalize_dist(n) for n in pinned}
     return [k.name for k in JIT_KERNELS if k.dist in have]
 
 
