@@ -112,7 +112,21 @@ def page_data(table: Table, pubkey: dict) -> dict:
             "features": [[f.name, f.label] for f in FEATURE_SPECS],
             # the command line's spellings, for the page's address and the commands it prints
             "engines": [[e.name, e.versioned] for e in ENGINE_SPECS],
-            "gpuNames": {n.lower(): f"sm_{cc}" for n, cc in GPUS.items()}}
+            "gpuNames": {n.lower(): f"sm_{cc}" for n, cc in GPUS.items()},
+            "variantNames": _variant_names(rows)}
+
+
+def _variant_names(rows) -> dict[str, str]:
+    """Every spelling the command line takes for the table's variants (`12.8`, `cuda 12.8`, `cu128`)
+    -> the tag, as hardware.parse_variant reads them."""
+    out = {}
+    for tag in sorted({r.combo.cuda for r in rows if r.combo.cuda}):
+        v = parse_variant(tag)
+        if v is not None:
+            for spelling in (v.tag, v.version, v.label):
+                if spelling:
+                    out[spelling.lower()] = v.tag
+    return out
 
 
 def render_html(table: Table, pubkey: dict) -> str:
