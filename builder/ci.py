@@ -20,6 +20,8 @@ ACTIONS: dict[str, tuple[str, str]] = {
                                    "per image (the GPU runners' step)"),
     "earlier": ("envbuild.ci_earlier", "take the last published night's records (and earlier tables) as far as "
                                        "its signed table vouches for them: the nightly folds tonight onto these"),
+    "sign-records": ("envbuild.ci_sign", "sign the records this job wrote (RESULTS/signatures/JOB.dsse.json): "
+                                         "publish --signed-records folds only signed ones"),
     "notify": ("envbuild.notify", "open, update and close one GitHub issue per broken combination (tonight's "
                                   "table against the last published one); exit 1 on a regression"),
     "torch-index": ("envbuild.ci_index", "print the PyTorch index URL of an accelerator variant (the build's "

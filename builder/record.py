@@ -151,11 +151,15 @@ def write_record(results: str | os.PathLike, rec: Record) -> Path:
     return write_json_atomic(path, rec.to_dict())
 
 
-def iter_records(results: str | os.PathLike) -> Iterator[Record]:
+def iter_records(results: str | os.PathLike, only: set[str] | None = None) -> Iterator[Record]:
+    """The records under RESULTS; with `only`, those whose path relative to RESULTS it names
+    (the ones their jobs' signatures cover: envbuild.recordsig)."""
     root = records_dir(results)
     if not root.is_dir():
         return
     for p in sorted(root.glob("*/*.json")):
+        if only is not None and str(p.relative_to(results)) not in only:
+            continue
         try:
             if not p.is_file() or p.stat().st_size > MAX_RECORD_BYTES:
                 continue

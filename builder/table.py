@@ -150,11 +150,13 @@ def _sha256(data: bytes) -> str:
 
 def publish(results: str | os.PathLike, key: str | os.PathLike, out: str | os.PathLike,
             expires_days: float = DEFAULT_EXPIRES_DAYS, name: str | None = None,
-            refused: list[str] | None = None) -> Table:
+            refused: list[str] | None = None, only: set[str] | None = None) -> Table:
     """Fold the records under `results` into a signed site at `out`. `name` makes the table one
     series with every table of that name signed by this key, wherever it is published (the
     nightly publishes from a fresh runner each night); without it the table is this folder's.
-    Records fold.refusal turns away are not folded; their reasons go to `refused`."""
+    Records fold.refusal turns away are not folded; their reasons go to `refused`. With `only`, the
+    records folded, and carried in the table's records archive, are those it names (paths under
+    `results`: the ones their jobs signed, envbuild.recordsig)."""
     if not Path(results).is_dir():
         raise InputError(str(results), None, "--results", str(results), "no such directory")
     if not 0 < expires_days <= 3650:
@@ -163,7 +165,7 @@ def publish(results: str | os.PathLike, key: str | os.PathLike, out: str | os.Pa
         raise InputError("--name", None, "--name", name, "expected letters, digits and . _ / - (at most 128)")
     signer = load_signer(key)  # fail on a bad key before writing anything
     pub = public_key_of(signer)
-    rows = fold(iter_records(results), refused)  # an unsafe combination id stops here, before any write
+    rows = fold(iter_records(results, only), refused)  # an unsafe combination id stops here, before any write
 
     out = Path(os.path.abspath(out))
     if out.is_symlink() and Path(os.path.realpath(out)).parent != Path(os.path.realpath(_sites_dir(out))):
@@ -185,7 +187,7 @@ def publish(results: str | os.PathLike, key: str | os.PathLike, out: str | os.Pa
     # The records this table folds, signed with it (listed in its payload): the next night folds
     # its results onto these after verifying this table (`envbuild ci earlier`), never onto an
     # archive nobody signed.
-    records = pack(results, files_under(results, "records/*/*.json"))
+    records = pack(results, [f for f in files_under(results, "records/*/*.json") if only is None or f in only])
 
     def views() -> dict[str, bytes]:  # the files the signed payload lists, for table.serial as set
         files = {**attestations, RECORDS_ARCHIVE: records,
