@@ -20,11 +20,11 @@ import sys
 from pathlib import Path
 
 from .archive import unpack
-from .errors import InputError, TrustError
+from .errors import TrustError
 from .row import RECORDS_ARCHIVE, TABLE_PAYLOAD_TYPE
 from .sign import VerifyError, load_signer, public_key_of, verify_envelope
 from .tablesource import table_location
-from .trust import load_verified
+from .trust import NoTable, load_verified
 
 HISTORY_ARCHIVE = "history.tar.gz"
 _RECORD = re.compile(r"records/[^/]+/[^/]+\.json")
@@ -77,10 +77,8 @@ def _verified(src: str, pub):
     """(table, info) of the last night, or (None, None) when nothing is published there yet."""
     try:
         return load_verified(src, pubkey=pub, quiet=True, defer=True)
-    except InputError as e:
-        if "no signed table" in str(e) and "unsigned" not in str(e):
-            return None, None
-        raise
+    except NoTable:
+        return None, None
 
 
 def _history(reader, loc, key, dest: Path) -> tuple[int, int]:

@@ -52,6 +52,11 @@ class _Key:
     pin_after: bool = False  # first use: pin once the signature verified
 
 
+class NoTable(InputError):
+    """Nothing is published at that location yet (the nightly's first night), as opposed to a table
+    that is there and fails."""
+
+
 def _resolve_key(pubkey, loc: Location, reader: Reader, cfg: Config, store: TrustStore) -> _Key:
     if pubkey is not None:
         return _Key(load_public_key(pubkey), "--pubkey")
@@ -117,8 +122,8 @@ def load_verified(src: str | os.PathLike | None = None, pubkey=None, insecure: b
     if raw is None:
         if loc.table and reader.get(loc.table, missing_ok=True) is not None:
             raise VerifyError(f"{loc.table}: unsigned (no {TABLE_NAME + ENVELOPE_SUFFIX} next to it)")
-        raise InputError(src, None, "table", src, f"no signed table ({TABLE_NAME + ENVELOPE_SUFFIX}) there; "
-                         "run `envbuild publish`, or pass --table URL|PATH")
+        raise NoTable(src, None, "table", src, f"no signed table ({TABLE_NAME + ENVELOPE_SUFFIX}) there; "
+                      "run `envbuild publish`, or pass --table URL|PATH")
     env = parse_json(raw, loc.envelope, "a DSSE envelope")
     store = TrustStore.load()
     k = _resolve_key(pubkey, loc, reader, cfg, store)
