@@ -45,6 +45,9 @@ def checklist(m, combos: int, gpu_runners: bool, labels: list[str], install: str
         "Before the first night (repository settings):",
         "  secret    ENVBUILD_SIGNING_KEY   the private key the table is signed with (`envbuild keygen`)",
         "  variable  ENVBUILD_PUBKEY        its public half (pubkey.json): what the last table must verify with",
+        "  secret    ENVBUILD_RECORD_KEY    the key each job signs its records with (`envbuild keygen --name record`); "
+        "another key than the table's, since GPU runners hold it",
+        "  variable  ENVBUILD_RECORD_PUBKEY its public half (record.pub.json): publish folds only records it signed",
         "  variable  ENVBUILD_REPOSITORY    optional: where images go (default ghcr.io/<owner>/<repo>)",
         "  variable  ENVBUILD_TABLE_URL     optional: where the table is served (default the Pages URL)",
         f"  variable  ENVBUILD_INSTALL       optional: how jobs install envbuild (default {install!r}, written into "

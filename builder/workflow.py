@@ -85,7 +85,7 @@ def _runs_on(m, per_platform: dict[str, object]) -> object:
 
 TEMPLATE = "nightly.yml.j2"  # the structure, a template file beside the page's (dockerfiles/)
 SCRIPTS = ("plan.sh.j2", "repository.sh", "free-disk.sh", "registry-host.sh", "build.sh.j2", "probe.sh.j2",
-           "earlier.sh", "publish.sh", "attach.sh", "last.sh", "diff.sh", "site.sh", "notify.sh")
+           "sign-records.sh", "earlier.sh", "publish.sh", "attach.sh", "last.sh", "diff.sh", "site.sh", "notify.sh")
 
 
 def workflow(m, matrix_arg: str, gpu_labels: list[str], build_runner: str,

@@ -38,6 +38,14 @@ def stamp(epoch):
 pytestmark = pytest.mark.skipif(not shutil.which("curl"), reason="the scripts fetch with curl")
 
 
+def _record_key(where: Path) -> tuple[str, str]:
+    """The record key (ENVBUILD_RECORD_KEY, ENVBUILD_RECORD_PUBKEY): another key than the table's."""
+    if not (where / "record-keys" / "record.key").exists():
+        write_keypair(where / "record-keys", "record")
+    return ((where / "record-keys" / "record.key").read_text(),
+            (where / "record-keys" / "record.pub.json").read_text())
+
+
 def _steps(job, workflow=WORKFLOW):
     wf = yaml.safe_load(Path(workflow).read_text())
     return {s["id"]: s for s in wf["jobs"][job]["steps"] if "id" in s}
@@ -64,9 +72,10 @@ class Pages:
 
 
 def night(work: Path, pages: Pages, key_pem: str, records, epoch: int, keep: int = 60, expect_fail=None,
-          workflow=WORKFLOW, env_more=None):
+          workflow=WORKFLOW, env_more=None, unsigned=()):
     """One publish job of `workflow` in `work` (fresh), tonight's records in place of the artifact
-    download."""
+    download: each combination's build job signs its own (the build job's sign step, on a runner
+    of its own), then they merge into results/; `unsigned` ones are added to the artifacts after."""
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
@@ -74,7 +83,9 @@ def night(work: Path, pages: Pages, key_pem: str, records, epoch: int, keep: int
     out, summary = work / "github_output", work / "summary.md"
     env = {**os.environ, "TABLE_URL": pages.url, "RUNNER_TEMP": str(work / "rt"), "GITHUB_OUTPUT": str(out),
            "GITHUB_STEP_SUMMARY": str(summary), "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1",
-           "SOURCE_DATE_EPOCH": str(epoch), "ENVBUILD_STATE": str(work.parent / "state"), **(env_more or {})}
+           "SOURCE_DATE_EPOCH": str(epoch), "ENVBUILD_STATE": str(work.parent / "state"),
+           "GITHUB_RUN_ID": str(epoch), **(env_more or {})}
+    record_pem, record_pub = _record_key(work.parent)
     steps = _steps("publish", workflow)
 
     def run(step_id, **more):
@@ -86,8 +97,18 @@ def night(work: Path, pages: Pages, key_pem: str, records, epoch: int, keep: int
     if expect_fail == "earlier":
         return p, work
     assert p.returncode == 0, p.stderr
-    write_all(work / "results", records)  # "Tonight's results" (download-artifact, merge-multiple)
-    p = run("sign", ENVBUILD_SIGNING_KEY=key_pem)
+    sign_step = _steps("build", workflow)["sign-records"]
+    for cid in sorted({r.combo["id"] for r in records}):
+        job = work / "jobs" / cid
+        write_all(job / "results", [r for r in records if r.combo["id"] == cid])
+        p = subprocess.run(["bash", "-c", sign_step["run"]], cwd=job, capture_output=True, text=True, timeout=120,
+                           env={**env, "ENVBUILD_RECORD_KEY": record_pem, "JOB": f"build-{cid}", "ID": cid,
+                                "RESULTS": "results"})
+        assert p.returncode == 0, p.stderr
+        # "Tonight's results" (download-artifact, merge-multiple)
+        shutil.copytree(job / "results", work / "results", dirs_exist_ok=True)
+    write_all(work / "results", list(unsigned))
+    p = run("sign", ENVBUILD_SIGNING_KEY=key_pem, ENVBUILD_RECORD_PUBKEY=record_pub)
     assert p.returncode == 0, p.stderr
     p = run("last", ENVBUILD_PUBKEY="")
     assert p.returncode == 0, p.stderr
@@ -247,6 +268,29 @@ def test_a_team_repository_runs_its_generated_nightly(tmp_path, run_cli):
             assert [i["title"] for i in gh.issues.values()] == [f"envbuild: {A['id']} broken at contract (import-error)"]
         finally:
             gh.close()
+    finally:
+        pages.srv.shutdown()
+        pages.srv.server_close()
+
+
+def test_an_unsigned_record_in_tonights_artifacts_becomes_no_row(tmp_path):
+    """Issue 49, item 3, against the workflow's own steps: a record added to the artifacts after the
+    jobs signed theirs (a row nobody built, and one outranking tonight's honest failure with a later
+    run id) is not folded, not carried to the next night, and the summary says so."""
+    priv, _, _ = write_keypair(tmp_path / "keys")
+    key_pem = Path(priv).read_text()
+    pages = Pages(tmp_path / "pages")
+    try:
+        honest = rec(A, {"env": verdict("pass"), "contract": verdict("fail", "import-error", "No module named x")},
+                     img=image(A), status="fail", run=5)
+        forged_a = rec(A, passed("env", "contract", "gpu"), img=image(A), run=9)
+        invented = rec(B, passed("env", "contract", "gpu"), img=image(B), run=9)
+        _, w = night(tmp_path / "n1", pages, key_pem, [honest], epoch=NIGHTS[3], unsigned=[forged_a, invented])
+        rows = {r["id"]: r for r in json.loads((w / "site" / "compat.json").read_text())["rows"]}
+        assert set(rows) == {A["id"]} and rows[A["id"]]["status"] == "broken"
+        with tarfile.open(w / "site" / "results.tar.gz") as t:
+            assert [n for n in t.getnames()] == [f"records/{A['id']}/{honest.run_id}.json"]
+        assert "**2 record(s) or signature(s) not folded**" in (w / "summary.md").read_text()
     finally:
         pages.srv.shutdown()
         pages.srv.server_close()
