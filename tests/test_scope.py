@@ -223,3 +223,55 @@ def test_a_module_an_engine_claims_is_never_an_optional_backend(monkeypatch):
     monkeypatch.setattr(vocab, "ENGINE_SPECS", vocab.ENGINE_SPECS + (spec,))
     monkeypatch.setitem(vocab.ENGINE, "trtllm", spec)
     assert classify.classify_exception(e, "trtllm").status == "fail"  # its own engine missing: broken
+
+
+TRAINER = {
+    "trainer/main_ppo.py": '''
+        import hydra
+
+        def run(config):
+            from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+            if config.actor_rollout_ref.actor.strategy == "fsdp":
+                from verl.workers.fsdp_workers import ActorRolloutRefWorker
+        ''',
+    "trainer/ppo/ray_trainer.py": "from verl.utils.dataset import rl_dataset\n",
+    "trainer/config/ppo.yaml": "reward:\n  _target_: verl.utils.reward_loader.load\n",
+    "utils/reward_loader.py": "from verl.models.transformers import kimi_vl\n",
+    "utils/dataset/rl_dataset.py": "import os\n",
+    "workers/fsdp_workers.py": '''
+        _ROLLOUTS = {"vllm": "verl.workers.rollout.vllm_rollout.vLLMRollout"}
+        ''',
+    "workers/rollout/vllm_rollout.py": "from ..mm_utils import qwen_helpers\n",
+    "workers/mm_utils.py": "from verl.models.transformers import qwen2_vl\n",
+    "trainer/sft_trainer.py": "from verl.utils.dataset.multiturn_sft_dataset import D\n",
+    "utils/dataset/multiturn_sft_dataset.py": "from verl.models.transformers.glm4v import forward\n",
+    "models/transformers/qwen2_vl.py": "from transformers import Gone\n",
+    "models/transformers/kimi_vl.py": "from transformers import Gone\n",
+    "models/transformers/glm4v.py": "from transformers import Gone\n",
+}
+
+
+def test_core_is_what_the_trainer_entry_can_reach(tmp_path):
+    """Issue 47: a feature module that only a module outside the trainer's reach imports at load
+    time (an SFT trainer's dataset) is the feature's, not core; reached by a lazy import, a module
+    named in a string (the rollout registry) or in a config's _target_, it is core."""
+    sc = Scoper(_tree(tmp_path, TRAINER), "0.7.1")
+    reach = sc.reached()
+    assert {"verl.trainer.main_ppo", "verl.workers.fsdp_workers", "verl.workers.rollout.vllm_rollout",
+            "verl.workers.mm_utils", "verl.utils.reward_loader"} <= reach
+    assert "verl.trainer.sft_trainer" not in reach and "verl.utils.dataset.multiturn_sft_dataset" not in reach
+    s = sc.scope("verl.models.transformers.glm4v", 1)
+    assert s["scope"] == "vlm" and "multiturn_sft_dataset.py:1 imports it at load time, but " \
+        "verl.trainer.main_ppo never loads that module" in s["why"]
+    s = sc.scope("verl.models.transformers.qwen2_vl", 1)  # registry string -> rollout -> relative import
+    assert s["scope"] == features.CORE and "mm_utils.py:1" in s["why"]
+    s = sc.scope("verl.models.transformers.kimi_vl", 1)  # a config's _target_
+    assert s["scope"] == features.CORE and "reward_loader.py:1" in s["why"]
+
+
+def test_without_the_trainer_entry_nothing_is_ruled_out(tmp_path):
+    files = {k: v for k, v in TRAINER.items() if k != "trainer/main_ppo.py"}
+    sc = Scoper(_tree(tmp_path, files), "0.7.1")
+    assert sc.reached() == set()
+    s = sc.scope("verl.models.transformers.glm4v", 1)
+    assert s["scope"] == features.CORE and "multiturn_sft_dataset.py:1" in s["why"]

@@ -26,6 +26,9 @@ GUARDS = {
     "fallback": "inside try/except: the code takes its fallback when this fails",
     "argument": "runs only when a caller passes an optional argument",
 }
+# verl's trainer entry (`python -m verl.trainer.main_ppo`, every release so far): what `core` is
+# reached from, and what the gpu level's verl-step runs.
+TRAINER_ENTRY = "verl.trainer.main_ppo"
 # Where a scope came from: read from verl's code, or from a feature descriptor (data).
 SCOPE_FROM_CODE, SCOPE_FROM_DATA, SCOPE_UNDETERMINED = "code", "data", "undetermined"
 

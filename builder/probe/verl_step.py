@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 
+from .features import TRAINER_ENTRY
 from .verdict import FAIL, NEEDS_GPU, PASS, SKIPPED, Verdict
 from .vocab import QUIET
 
@@ -203,7 +204,7 @@ def run_verl_step(v: Verdict, engine: str, *, gpu: bool, python: str | None = No
     paths = write_inputs(work)
     fa = _flash_attn()
     ovs = overrides(verl, engine, paths, fa)
-    cmd = [python or sys.executable, "-m", "verl.trainer.main_ppo", *[o for o, _ in ovs]]
+    cmd = [python or sys.executable, "-m", TRAINER_ENTRY, *[o for o, _ in ovs]]
     log_path = os.path.join(work, "verl-step.log")
     timed_out = False
     with open(log_path, "w") as log:
@@ -218,7 +219,7 @@ def run_verl_step(v: Verdict, engine: str, *, gpu: bool, python: str | None = No
         out = f.read()
     secs = time.perf_counter() - t0
     steps = parse_metrics(out)
-    how = (f"verl {verl}: python -m verl.trainer.main_ppo " + " ".join(o for o, _ in ovs)
+    how = (f"verl {verl}: python -m {TRAINER_ENTRY} " + " ".join(o for o, _ in ovs)
            .replace(work, "$WORK") + f"\nflash-attn {'installed' if fa else 'not installed'}")
     v.metrics["verl_step"] = {"verl": verl, "seconds": round(secs, 2), "returncode": rc, "flash_attn": fa,
                               "overrides": [o.replace(work, "$WORK") for o, _ in ovs],
