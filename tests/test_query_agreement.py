@@ -23,7 +23,7 @@ from table_fixtures import combo, image, rec, verdict, write_all
 from envbuild.doctor import FAIL, PASS, Options, check_table
 from envbuild.fold import fold
 from envbuild.pick import pick
-from envbuild.query import Ask, answer, cells, exact
+from envbuild.query import Ask, answer, cells, exact, scope_hits
 from envbuild.selector import Selectors
 from envbuild.sign import write_keypair
 from envbuild.table import build_table, publish
@@ -176,6 +176,42 @@ def test_doctor_names_the_row_pick_names_with_its_status(specs, tmp_path_factory
                                            engine_version=c.engine_version or None, verl=c.verl, platform=c.platform),
                                  level="env")).best
         assert (best is not None) == (r.status == "verified")
+
+
+@settings(max_examples=max(20, TRIES // 5), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(specs=st.lists(row_spec, min_size=1, max_size=8), run=st.sampled_from(RUN_SCOPES))
+def test_doctor_and_the_query_agree_on_a_runs_scopes(specs, run, tmp_path_factory, monkeypatch):
+    """Issue 47, item 5: for a run that enters scopes (a feature, a model type), doctor's table check
+    passes exactly where the query answers that row for that run, and fails exactly where the row
+    is broken or broken under a scope the run enters; pick's answer (the query with the run's
+    scopes) is never a row broken for that run."""
+    monkeypatch.delenv("ENVBUILD_PUBKEY", raising=False)
+    tmp = tmp_path_factory.mktemp("doctor-scopes")
+    monkeypatch.setenv("ENVBUILD_STATE", str(tmp / "state"))
+    monkeypatch.setenv("ENVBUILD_CONFIG", str(tmp / "config"))
+    records, table = table_of(specs)
+    write_all(tmp / "results", records)
+    priv, pub, _ = write_keypair(tmp / "keys")
+    publish(tmp / "results", priv, tmp / "table")
+    scopes = frozenset(run)
+    for r in table.rows:
+        c = r.combo
+        versions = {"python": c.python + ".7", "verl": c.verl, "torch": c.torch + "+" + c.cuda, "torch_variant": c.cuda,
+                    "vllm": c.engine_version if c.engine == "vllm" else None,
+                    "sglang": c.engine_version if c.engine == "sglang" else None}
+        got = check_table(Options(table=str(tmp / "table"), pubkey=str(pub), platform=c.platform), c.engine, versions,
+                          scopes)
+        sel = Selectors(cuda=c.cuda, python=c.python, torch=c.torch, engine=c.engine,
+                        engine_version=c.engine_version or None, verl=c.verl, platform=c.platform)
+        best = answer(table, Ask(sel, level="env", scopes=scopes)).best
+        broken_for_run = r.status == "broken" or bool(scope_hits(tuple(r.scopes), scopes))
+        assert got.details.get("row") == r.id
+        assert (got.status == PASS) == (best is not None) == (r.status == "verified" and not broken_for_run)
+        assert (got.status == FAIL) == broken_for_run
+        pick_best = answer(table, Ask(Selectors(platform=c.platform, engine=c.engine), scopes=scopes)).best
+        if pick_best is not None:
+            assert not scope_hits(tuple(pick_best.scopes), scopes) and pick_best.status == "verified"
 
 
 # ---------------------------------------------------------------- the page's own script, in Chromium
