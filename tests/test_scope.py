@@ -244,7 +244,14 @@ TRAINER = {
     "workers/rollout/vllm_rollout.py": "from ..mm_utils import qwen_helpers\n",
     "workers/mm_utils.py": "from verl.models.transformers import qwen2_vl\n",
     "trainer/sft_trainer.py": "from verl.utils.dataset.multiturn_sft_dataset import D\n",
-    "utils/dataset/multiturn_sft_dataset.py": "from verl.models.transformers.glm4v import forward\n",
+    "utils/dataset/multiturn_sft_dataset.py": "from verl.models.transformers.glm4v import forward\n"
+                                              "from verl.models.transformers.qwen3_vl import forward\n",
+    "models/transformers/monkey_patch.py": '''
+        def apply_monkey_patch(model):
+            if model.config.model_type == "qwen3_vl":
+                from .qwen3_vl import forward
+        ''',
+    "models/transformers/qwen3_vl.py": "from transformers import Gone\n",
     "models/transformers/qwen2_vl.py": "from transformers import Gone\n",
     "models/transformers/kimi_vl.py": "from transformers import Gone\n",
     "models/transformers/glm4v.py": "from transformers import Gone\n",
@@ -267,6 +274,9 @@ def test_core_is_what_the_trainer_entry_can_reach(tmp_path):
     assert s["scope"] == features.CORE and "mm_utils.py:1" in s["why"]
     s = sc.scope("verl.models.transformers.kimi_vl", 1)  # a config's _target_
     assert s["scope"] == features.CORE and "reward_loader.py:1" in s["why"]
+    # a model patch that the SFT dataset also imports is still that model type's
+    s = sc.scope("verl.models.transformers.qwen3_vl", 1)
+    assert s["scope"] == "model:qwen3_vl" and s["from"] == "code"
 
 
 def test_without_the_trainer_entry_nothing_is_ruled_out(tmp_path):

@@ -235,9 +235,11 @@ class Scoper:
         return out
 
     def _imported_unguarded(self, mod: str, exclude: str | None = None) -> bool:
+        """Whether a module the trainer's entry can reach (`reached`) imports `mod` at load time."""
         leaf = mod.rsplit(".", 1)[-1]
+        reach = self.reached()
         for p, text in self.sources():
-            if p == exclude or leaf not in text:
+            if p == exclude or leaf not in text or (reach and self.module_of(p) not in reach):
                 continue
             if any(m == mod for m in self._top_imports(p)):
                 return True
