@@ -106,6 +106,22 @@ def test_arch_specific_cubins_are_the_ones_cuobjdump_names_so(nvidia):
         assert cov.sass - cov.portable == {int(m) for m in re.findall(r"\.sm_(\d+)a\.cubin", out)}, out
 
 
+def test_a_library_linked_from_elsewhere_is_read_once_and_a_soname_link_not_twice(tmp_path):
+    """A venv built in place links the node's torch libraries (envbuild venv --host-packages): those
+    links are the venv's kernels, and were skipped as soname aliases, so the image's kernel step
+    read no architecture at all on the lent H100; a soname link to a file beside it is that file."""
+    node, venv = tmp_path / "node" / "lib", tmp_path / "venv" / "lib"
+    node.mkdir(parents=True)
+    venv.mkdir(parents=True)
+    (node / "libtorch_cuda.so").write_bytes((FIXTURES / "plain.so").read_bytes())
+    (venv / "libtorch_cuda.so").symlink_to(node / "libtorch_cuda.so")
+    (venv / "libkern.so.1").write_bytes((FIXTURES / "family.so").read_bytes())
+    (venv / "libkern.so").symlink_to("libkern.so.1")
+    got = scan(venv)
+    assert sorted(got) == ["libkern.so.1", "libtorch_cuda.so"]
+    assert got["libtorch_cuda.so"].sass == {80, 90, 100, 120}
+
+
 def test_files_without_kernels_are_empty(tmp_path):
     (tmp_path / "x.so").write_bytes(b"\x7fELF" + b"\0" * 200)
     (tmp_path / "y.so.1").write_bytes(b"not an elf")

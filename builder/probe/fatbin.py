@@ -155,15 +155,18 @@ def is_elf_library(name: str) -> bool:
 def scan(root: str | os.PathLike) -> dict[str, Coverage]:
     """{file path relative to root: coverage} for every shared library with CUDA kernels under root."""
     out: dict[str, Coverage] = {}
+    seen: set[str] = set()
     for dirpath, _dirs, files in os.walk(root):
-        for n in files:
-            if not is_elf_library(n):
+        libs = [os.path.join(dirpath, n) for n in files if is_elf_library(n)]
+        # Each file once, under its own name first: a soname link (libx.so -> libx.so.1) is the same
+        # file; a link to a file elsewhere (a venv built in place links the node's torch) is read.
+        for p in sorted(libs, key=os.path.islink):
+            real = os.path.realpath(p)
+            if real in seen:
                 continue
-            p = os.path.join(dirpath, n)
-            if os.path.islink(p):
-                continue
+            seen.add(real)
             try:
-                cov = read_coverage(p)
+                cov = read_coverage(real)
             except (OSError, struct.error):
                 continue
             if not cov.empty():
