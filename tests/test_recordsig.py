@@ -173,3 +173,41 @@ def test_without_signed_records_publish_folds_everything_as_before(tmp_path, key
     assert len(json.loads((out / "compat.json").read_text())["rows"]) == 1
     assert listed(res) == set()
     assert len(list(iter_records(res))) == 1
+
+
+@pytest.mark.parametrize("hostile", ["fifo", "symlink", "deep", "not-json", "huge", "not-a-statement", "list-subjects"])
+def test_hostile_signature_files_are_reasons_not_tracebacks(tmp_path, keys, capsys, hostile):
+    """Whatever lies in RESULTS/signatures, publish folds what a good statement covers and says one
+    line for the rest: no hang (a FIFO), no file outside read (a link), no traceback."""
+    import os
+
+    from envbuild.sign import IN_TOTO_PAYLOAD_TYPE, load_signer, sign_envelope
+
+    res = tmp_path / "results"
+    _build_job(res, A)
+    assert _sign(res, keys["ci"][0], "build-a", A["id"]) == 0
+    sig = res / "signatures" / "x.dsse.json"
+    if hostile == "fifo":
+        os.mkfifo(sig)
+    elif hostile == "symlink":
+        sig.symlink_to(res / "signatures" / "build-a.dsse.json")
+    elif hostile == "deep":
+        sig.write_text("[" * 100000 + "]" * 100000)
+    elif hostile == "not-json":
+        sig.write_bytes(b"\xff\xfe garbage")
+    elif hostile == "huge":
+        with open(sig, "wb") as f:
+            f.truncate((16 << 20) + 1)
+    elif hostile == "not-a-statement":
+        sig.write_text(json.dumps(sign_envelope(b'"just a string"', IN_TOTO_PAYLOAD_TYPE, load_signer(keys["ci"][0]))))
+    else:
+        st = {"_type": "https://in-toto.io/Statement/v1", "subject": {"name": 1}, "predicateType":
+              "https://envbuild.invalid/record-set/v1", "predicate": {"run": RUN, "combos": "x", "job": None}}
+        sig.write_text(json.dumps(sign_envelope(json.dumps(st).encode(), IN_TOTO_PAYLOAD_TYPE,
+                                                load_signer(keys["ci"][0]))))
+    rc, rows = _publish(tmp_path, res, keys["ci"][0])
+    assert rc == 0 and set(rows) == {A["id"]}
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    if hostile not in ("fifo", "symlink", "list-subjects"):
+        assert "signatures/x.dsse.json" in err
