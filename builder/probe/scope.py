@@ -16,6 +16,7 @@ import fnmatch
 import os
 import re
 
+from .reach import trainer_reach
 from .staticcalls import Trees
 from .staticimports import _sources
 from .features import (CORE, FEATURE, FEATURE_SPECS, GUARD_SCOPE, MODEL_SCOPE, SCOPE_FROM_CODE, SCOPE_FROM_DATA,
@@ -263,9 +264,8 @@ class Scoper:
         return None
 
     def _loaded_by(self, mod: str, f, reached_only: bool = True) -> str | None:
-        """A module outside the feature that imports `mod` at module level (so it loads on runs
-        without the feature), as file:line; None if none does. Only modules the trainer's entry
-        can reach count (`reached`), unless `reached_only` is off."""
+        """A module outside the feature, in the trainer's reach (unless `reached_only` is off), that
+        imports `mod` at module level (so it loads on runs without the feature): file:line, or None."""
         if self._importers is None:
             self._importers = {}
             for p, _text in self.sources():
@@ -282,64 +282,10 @@ class Scoper:
         return None
 
     def reached(self) -> set[str]:
-        """Every verl module a run from the trainer's entry could load, over-approximated: the
-        closure of every import in a reached file (in functions and branches too) and every
-        string naming a verl module (the rollout registry and config `_target_`s load by name),
-        from the entry and verl's config files. A module outside it (an SFT trainer's dataset) is
-        never loaded by the trainer. Empty when this verl has no such entry: nothing is ruled out."""
-        if self._reach is not None:
-            return self._reach
-        seen: set[str] = set()
-        if self.path_of(TRAINER_ENTRY) is None:
-            self._reach = seen
-            return seen
-        todo = [TRAINER_ENTRY] + sorted(self._named_in_configs())
-        while todo:
-            mod = todo.pop()
-            for m in self._verl_prefixes(mod):
-                if m not in seen:
-                    seen.add(m)
-                    p = self.path_of(m)
-                    if p:
-                        todo += self._any_imports(p)
-        self._reach = seen
-        return seen
-
-    def _verl_prefixes(self, name: str) -> list[str]:
-        """The modules `import name` loads (each package above it too), where they are verl's."""
-        parts = name.split(".")
-        return [".".join(parts[:i]) for i in range(1, len(parts) + 1)
-                if parts[0] == "verl" and self.path_of(".".join(parts[:i]))]
-
-    def _any_imports(self, path: str) -> list[str]:
-        text = self._text(path)
-        here = self.module_of(path).split(".")
-        pkg = here if path.endswith("__init__.py") else here[:-1]
-        out = [m.group(1) for m in _VERL_NAME.finditer(text)]
-        for m in _ANY_IMPORT.finditer(text):
-            if m.group("plain"):
-                out += [n.split(" as ")[0].strip() for n in m.group("plain").split(",")]
-                continue
-            dots, base = len(m.group("dots")), m.group("mod") or ""
-            if dots:
-                parts = pkg[:len(pkg) - (dots - 1)] if dots > 1 else pkg
-                base = ".".join(parts + ([base] if base else []))
-            names = re.sub(r"#[^\n]*", "", m.group("names")).strip("()\n\\ ")
-            out += [base] + [f"{base}.{n.split(' as ')[0].strip()}" for n in names.split(",") if n.strip()]
-        return out
-
-    def _named_in_configs(self) -> set[str]:
-        out: set[str] = set()
-        for dirpath, dirs, files in os.walk(self.root):
-            dirs[:] = [d for d in dirs if d != "__pycache__"]
-            for fn in files:
-                if fn.endswith((".yaml", ".yml")):
-                    try:
-                        with open(os.path.join(dirpath, fn), encoding="utf-8", errors="replace") as fh:
-                            out |= set(_VERL_NAME_YAML.findall(fh.read()))
-                    except OSError:
-                        continue
-        return out
+        """What the trainer's entry can load (probe.reach); empty without one: nothing ruled out."""
+        if self._reach is None:
+            self._reach = trainer_reach(self.root)
+        return self._reach
 
     def _top_imports(self, path: str, lines: bool = False):
         """Modules imported at module level (column 0: not in a function, not under try/if) by a
@@ -369,11 +315,6 @@ class Scoper:
         return self._by_path.get(path, "")
 
 
-# Any import, at any indentation (the reach is an over-approximation), and strings naming verl modules.
-_ANY_IMPORT = re.compile(r"^[ \t]*(?:import[ \t]+(?P<plain>[\w., \t]+)$|from[ \t]+(?P<dots>\.*)(?P<mod>[\w.]*)[ \t]+import[ \t]+"
-                         r"(?P<names>\([^)]*\)|[^\n]*))", re.M)
-_VERL_NAME = re.compile(r"""["'](verl(?:\.\w+)+)["':]""")
-_VERL_NAME_YAML = re.compile(r"\b(verl(?:\.\w+)+)")
 _TOP_IMPORT = re.compile(r"^(?:import[ \t]+(?P<plain>[\w., \t]+)$|from[ \t]+(?P<dots>\.*)(?P<mod>[\w.]*)[ \t]+import[ \t]+"
                          r"(?P<names>\([^)]*\)|[^\n]*))", re.M)
 

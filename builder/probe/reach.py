@@ -1,0 +1,88 @@
+"""What verl's trainer can load: every verl module a run from its entry (`python -m
+verl.trainer.main_ppo`) could import, read from verl's code. probe.scope counts a module's importer
+toward `core` only where that importer is in this set (an SFT trainer's dataset is not).
+
+Over-approximated, since a module outside the set is ruled out for every run: the closure of every
+import in a reached file (at module level, in functions and branches alike) and of every string
+naming a verl module (the rollout registry and config `_target_`s load classes by name), from the
+entry and from verl's own config files. Standard library only (runs inside images and in the census).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from .features import TRAINER_ENTRY
+from .staticimports import _sources
+
+# Any import, at any indentation, and strings naming verl modules (in code and in config files).
+_ANY_IMPORT = re.compile(r"^[ \t]*(?:import[ \t]+(?P<plain>[\w., \t]+)$|from[ \t]+(?P<dots>\.*)(?P<mod>[\w.]*)[ \t]+import[ \t]+"
+                         r"(?P<names>\([^)]*\)|[^\n]*))", re.M)
+_VERL_NAME = re.compile(r"""["'](verl(?:\.\w+)+)["':]""")
+_VERL_NAME_YAML = re.compile(r"\b(verl(?:\.\w+)+)")
+
+
+def trainer_reach(root: str, entry: str = TRAINER_ENTRY) -> set[str]:
+    """The dotted names of the verl modules under `root` (a verl package folder) a run from
+    `entry` could load; empty when `entry` is not there."""
+    texts = dict(_sources(root))
+    top = os.path.dirname(root)
+
+    def path_of(mod: str) -> str | None:
+        base = os.path.join(root, *mod.split(".")[1:])
+        for p in (base + ".py", os.path.join(base, "__init__.py")):
+            if p in texts:
+                return p
+        return None
+
+    def prefixes(name: str) -> list[str]:  # the modules `import name` loads, each package above it too
+        parts = name.split(".")
+        return [".".join(parts[:i]) for i in range(1, len(parts) + 1)
+                if parts[0] == "verl" and path_of(".".join(parts[:i]))]
+
+    seen: set[str] = set()
+    if path_of(entry) is None:
+        return seen
+    todo = [entry] + sorted(_named_in_configs(root))
+    while todo:
+        for m in prefixes(todo.pop()):
+            if m not in seen:
+                seen.add(m)
+                p = path_of(m)
+                if p:
+                    todo += _imports(p, texts[p], top)
+    return seen
+
+
+def _imports(path: str, text: str, top: str) -> list[str]:
+    """Every module a file names: its imports anywhere, relative ones resolved, and verl module
+    names in its strings."""
+    rel = os.path.relpath(path, top)[:-3].split(os.sep)
+    pkg = rel[:-1]  # the package a relative import starts from (for __init__.py: the package itself)
+    out = [m.group(1) for m in _VERL_NAME.finditer(text)]
+    for m in _ANY_IMPORT.finditer(text):
+        if m.group("plain"):
+            out += [n.split(" as ")[0].strip() for n in m.group("plain").split(",")]
+            continue
+        dots, base = len(m.group("dots")), m.group("mod") or ""
+        if dots:
+            parts = pkg[:len(pkg) - (dots - 1)] if dots > 1 else pkg
+            base = ".".join(parts + ([base] if base else []))
+        names = re.sub(r"#[^\n]*", "", m.group("names")).strip("()\n\\ ")
+        out += [base] + [f"{base}.{n.split(' as ')[0].strip()}" for n in names.split(",") if n.strip()]
+    return out
+
+
+def _named_in_configs(root: str) -> set[str]:
+    out: set[str] = set()
+    for dirpath, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for fn in files:
+            if fn.endswith((".yaml", ".yml")):
+                try:
+                    with open(os.path.join(dirpath, fn), encoding="utf-8", errors="replace") as fh:
+                        out |= set(_VERL_NAME_YAML.findall(fh.read()))
+                except OSError:
+                    continue
+    return out
