@@ -147,26 +147,36 @@ def test_pick_the_page_data_and_compat_md_name_the_same_answer(specs):
                 assert row.status == "verified" and ans.shown.status == "verified"
 
 
-@settings(max_examples=max(20, TRIES // 5), deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(specs=st.lists(row_spec, min_size=1, max_size=8))
-def test_doctor_names_the_row_pick_names_with_its_status(specs, tmp_path_factory, monkeypatch):
-    """doctor's table check for an installed stack (every axis given, on its platform) finds the row
-    the query finds, and says pass exactly for a verified row, fail exactly for a broken one."""
+def _published(specs, tmp, monkeypatch):
+    """The generated table, published and signed in `tmp` (doctor reads it as a user's would)."""
     monkeypatch.delenv("ENVBUILD_PUBKEY", raising=False)
-    tmp = tmp_path_factory.mktemp("doctor")
     monkeypatch.setenv("ENVBUILD_STATE", str(tmp / "state"))
     monkeypatch.setenv("ENVBUILD_CONFIG", str(tmp / "config"))
     records, table = table_of(specs)
     write_all(tmp / "results", records)
     priv, pub, _ = write_keypair(tmp / "keys")
     publish(tmp / "results", priv, tmp / "table")
+    return table, tmp, pub
+
+
+def _installed(c) -> dict:
+    """What doctor reads of an installed stack that is this row's."""
+    return {"python": c.python + ".7", "verl": c.verl, "torch": c.torch + "+" + c.cuda, "torch_variant": c.cuda,
+            "vllm": c.engine_version if c.engine == "vllm" else None,
+            "sglang": c.engine_version if c.engine == "sglang" else None}
+
+
+@settings(max_examples=max(20, TRIES // 5), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(specs=st.lists(row_spec, min_size=1, max_size=8))
+def test_doctor_names_the_row_pick_names_with_its_status(specs, tmp_path_factory, monkeypatch):
+    """doctor's table check for an installed stack (every axis given, on its platform) finds the row
+    the query finds, and says pass exactly for a verified row, fail exactly for a broken one."""
+    table, tmp, pub = _published(specs, tmp_path_factory.mktemp("doctor"), monkeypatch)
     for r in table.rows:
         c = r.combo
-        versions = {"python": c.python + ".7", "verl": c.verl, "torch": c.torch + "+" + c.cuda, "torch_variant": c.cuda,
-                    "vllm": c.engine_version if c.engine == "vllm" else None,
-                    "sglang": c.engine_version if c.engine == "sglang" else None}
-        got = check_table(Options(table=str(tmp / "table"), pubkey=str(pub), platform=c.platform), c.engine, versions)
+        got = check_table(Options(table=str(tmp / "table"), pubkey=str(pub), platform=c.platform), c.engine,
+                          _installed(c))
         ans = exact(table, verl=c.verl, engine=c.engine, engine_version=c.engine_version, torch=c.torch, cuda=c.cuda,
                     python=c.python, platform=c.platform)
         assert got.details.get("row") == ans.shown.id == r.id
@@ -186,22 +196,12 @@ def test_doctor_and_the_query_agree_on_a_runs_scopes(specs, run, tmp_path_factor
     passes exactly where the query answers that row for that run, and fails exactly where the row
     is broken or broken under a scope the run enters; pick's answer (the query with the run's
     scopes) is never a row broken for that run."""
-    monkeypatch.delenv("ENVBUILD_PUBKEY", raising=False)
-    tmp = tmp_path_factory.mktemp("doctor-scopes")
-    monkeypatch.setenv("ENVBUILD_STATE", str(tmp / "state"))
-    monkeypatch.setenv("ENVBUILD_CONFIG", str(tmp / "config"))
-    records, table = table_of(specs)
-    write_all(tmp / "results", records)
-    priv, pub, _ = write_keypair(tmp / "keys")
-    publish(tmp / "results", priv, tmp / "table")
+    table, tmp, pub = _published(specs, tmp_path_factory.mktemp("doctor-scopes"), monkeypatch)
     scopes = frozenset(run)
     for r in table.rows:
         c = r.combo
-        versions = {"python": c.python + ".7", "verl": c.verl, "torch": c.torch + "+" + c.cuda, "torch_variant": c.cuda,
-                    "vllm": c.engine_version if c.engine == "vllm" else None,
-                    "sglang": c.engine_version if c.engine == "sglang" else None}
-        got = check_table(Options(table=str(tmp / "table"), pubkey=str(pub), platform=c.platform), c.engine, versions,
-                          scopes)
+        got = check_table(Options(table=str(tmp / "table"), pubkey=str(pub), platform=c.platform), c.engine,
+                          _installed(c), scopes)
         sel = Selectors(cuda=c.cuda, python=c.python, torch=c.torch, engine=c.engine,
                         engine_version=c.engine_version or None, verl=c.verl, platform=c.platform)
         best = answer(table, Ask(sel, level="env", scopes=scopes)).best
