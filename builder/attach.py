@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import provenance, sbom
+from . import provenance, recordsig, sbom
 from .attest import (BY_PREDICATE, COSIGN_SIG_ANNOTATION, CREATED, DSSE_MEDIA_TYPE, EMPTY_MEDIA_TYPE, OCI_CONFIG,
                      OCI_MANIFEST, att_tag, parse_image_ref)
 from .docker import Engine
@@ -277,16 +277,19 @@ def add_arguments(p) -> None:
                    help="also write the key's public half as PEM (SubjectPublicKeyInfo), the form "
                         "`cosign verify-attestation --key FILE` reads")
     p.add_argument("--json", action="store_true", help="one JSON object per image attached")
+    recordsig.add_arguments(p)  # the nightly's: an unsigned record must not get a signed attestation either
 
 
-def attach_results(results: str | Path, signer, only: list[str] | None = None, engine=None):
+def attach_results(results: str | Path, signer, only: list[str] | None = None, engine=None,
+                   records_only: set[str] | None = None):
     """Attach the statements of every pushed image in a results folder (the publish hook:
     `for _ in attach_results(results, signer): pass` after the table is written). Yields
-    (combination id, AttachResult) as each image is done."""
+    (combination id, AttachResult) as each image is done. `records_only`: the record files to
+    fold (the signed ones, recordsig), None for all."""
     from .record import iter_records
     from .fold import fold
 
-    records = list(iter_records(results))
+    records = list(iter_records(results, records_only))
     by_combo: dict[str, list] = {}
     for r in records:
         by_combo.setdefault((r.combo or {}).get("id"), []).append(r)
@@ -312,7 +315,10 @@ def run(args) -> int:
         write_atomic(args.cosign_pubkey, Ed25519PublicKey.from_public_bytes(raw).public_bytes(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
     n, total = 0, 0
-    for row_id, res in attach_results(args.results, signer, args.only):
+    records_only, refused = recordsig.from_arguments(args, signer)
+    for why in refused:
+        print(f"envbuild attach: not attached: {why}", file=sys.stderr)
+    for row_id, res in attach_results(args.results, signer, args.only, records_only=records_only):
         where = f"tag {res.tag}" + (" + OCI referrers" if res.referrers else "")
         if args.json:
             print(json.dumps({"id": row_id, "image": res.image, "kinds": list(res.kinds), "tag": res.tag,

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 
+from . import recordsig
 from .table import DEFAULT_EXPIRES_DAYS, publish
 
 DEFAULT_RESULTS = "results"
@@ -27,13 +28,7 @@ def add_arguments(p) -> None:
                    help="the table's series: every table of this name signed by this key is one table to readers, "
                         "wherever it is published (default: $ENVBUILD_TABLE_NAME, else the matrix's repository)")
     p.add_argument("--matrix", default=None, help="matrix YAML whose repository names the table (default: the bundled one)")
-    p.add_argument("--signed-records", action="store_true",
-                   help="fold only the records their jobs signed (RESULTS/signatures, `envbuild ci sign-records`) "
-                        "with this key or a --record-pubkey, for --run; say why each other record is left out")
-    p.add_argument("--record-pubkey", action="append", default=[], metavar="FILE",
-                   help="another public key whose record signatures count (the GPU runners' record key); repeatable")
-    p.add_argument("--run", default=os.environ.get("GITHUB_RUN_ID") or None, metavar="ID",
-                   help="the CI run the record signatures must name (default: $GITHUB_RUN_ID; none: any run)")
+    recordsig.add_arguments(p)
     p.add_argument("--json", action="store_true", help="print what was published as JSON")
 
 
@@ -48,19 +43,10 @@ def table_name(args) -> str:
     return load_matrix(args.matrix or default_matrix()).repository
 
 
-def signed_only(args) -> tuple[set[str] | None, list[str]]:
-    """With --signed-records: the record files their jobs' signatures cover, and why the others are not."""
-    if not args.signed_records:
-        return None, []
-    from .recordsig import signed_records
-    from .sign import load_public_key, load_signer, public_key_of
-
-    keys = [public_key_of(load_signer(args.key))] + [load_public_key(f) for f in args.record_pubkey]
-    return signed_records(args.results, keys, args.run)
-
-
 def run(args) -> int:
-    only, refused = signed_only(args)
+    from .sign import load_signer
+
+    only, refused = recordsig.from_arguments(args, load_signer(args.key))
     table = publish(args.results, args.key, args.out, args.expires_days, name=table_name(args), refused=refused,
                     only=only)
     for why in refused:

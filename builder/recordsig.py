@@ -132,6 +132,28 @@ def sign_records(results: str | os.PathLike, signer, *, job: str, run: str,
     return {"envelope": str(dest), "records": [s["name"] for s in subjects], "combos": speaks}
 
 
+def add_arguments(p) -> None:
+    """The flags of a command that folds records and signs what it folds (publish, attach)."""
+    p.add_argument("--signed-records", action="store_true",
+                   help="take only the records their jobs signed (RESULTS/signatures, `envbuild ci sign-records`) "
+                        "with this key or a --record-pubkey, for --run; say why each other one is left out")
+    p.add_argument("--record-pubkey", action="append", default=[], metavar="FILE",
+                   help="another public key whose record signatures count (the jobs' record key); repeatable")
+    p.add_argument("--run", default=os.environ.get("GITHUB_RUN_ID") or None, metavar="ID",
+                   help="the CI run the record signatures must name (default: $GITHUB_RUN_ID; none: any run)")
+
+
+def from_arguments(args, signer) -> tuple[set[str] | None, list[str]]:
+    """With --signed-records: the record files their jobs' signatures cover (the command's own key,
+    `signer`, counts too) and why the others are not; without it, (None, [])."""
+    if not args.signed_records:
+        return None, []
+    from .sign import load_public_key, public_key_of
+
+    keys = [public_key_of(signer)] + [load_public_key(f) for f in args.record_pubkey]
+    return signed_records(args.results, keys, args.run)
+
+
 def signed_records(results: str | os.PathLike, keys: list[PublicKey], run: str | None) -> tuple[set[str], list[str]]:
     """(the record files under RESULTS a trusted statement covers, one reason for each other one and
     for each envelope not taken). A statement is taken when one of `keys` signed it, it is a

@@ -211,3 +211,27 @@ def test_hostile_signature_files_are_reasons_not_tracebacks(tmp_path, keys, caps
     assert "Traceback" not in err
     if hostile not in ("fifo", "symlink", "list-subjects"):
         assert "signatures/x.dsse.json" in err
+
+
+def test_attach_signs_attestations_only_for_the_images_of_signed_records(tmp_path, keys, monkeypatch, capsys):
+    """The publish job's attach step signs test results with the table key and pushes them onto
+    each digest its records name: a record added to tonight's artifacts must not get one for an
+    image nobody built here (the registry side is stood in for; test_attach covers it)."""
+    from types import SimpleNamespace
+
+    from envbuild import attach
+
+    res = tmp_path / "tonight"
+    _build_job(res, A)
+    assert _sign(res, keys["ci"][0], "build-a", A["id"]) == 0
+    write_all(res, [rec(B, passed("env", "contract"), img=image(B), run=2)])
+    attached = []
+    monkeypatch.setattr(attach, "statements_for", lambda row, recs, results, engine=None: [])
+    monkeypatch.setattr(attach, "attach_all", lambda ref, stmts, signer: attached.append(ref) or SimpleNamespace(
+        tag="t", referrers=False, kinds=[], bytes_added=0, image=ref))
+    assert main(["attach", "--results", str(res), "--key", str(keys["ci"][0]), "--signed-records", "--run", RUN]) == 0
+    assert attached == [image(A)["digest"]]
+    assert f"not attached: records/{B['id']}/" in capsys.readouterr().err
+    attached.clear()
+    assert main(["attach", "--results", str(res), "--key", str(keys["ci"][0])]) == 0  # by hand: everything
+    assert sorted(attached) == sorted([image(A)["digest"], image(B)["digest"]])
