@@ -239,8 +239,14 @@ TRAINER = {
     "utils/reward_loader.py": "from verl.models.transformers import kimi_vl\n",
     "utils/dataset/rl_dataset.py": "import os\n",
     "workers/fsdp_workers.py": '''
+        import importlib
         _ROLLOUTS = {"vllm": "verl.workers.rollout.vllm_rollout.vLLMRollout"}
+
+        def model(name):
+            return importlib.import_module(f"verl.models.{name}.modeling")
         ''',
+    "models/llama/modeling.py": "from verl.models.transformers import llava_vl\n",
+    "models/transformers/llava_vl.py": "from transformers import Gone\n",
     "workers/rollout/vllm_rollout.py": "from ..mm_utils import qwen_helpers\n",
     "workers/mm_utils.py": "from verl.models.transformers import qwen2_vl\n",
     "trainer/sft_trainer.py": "from verl.utils.dataset.multiturn_sft_dataset import D\n",
@@ -272,6 +278,8 @@ def test_core_is_what_the_trainer_entry_can_reach(tmp_path):
         "verl.trainer.main_ppo never loads that module" in s["why"]
     s = sc.scope("verl.models.transformers.qwen2_vl", 1)  # registry string -> rollout -> relative import
     assert s["scope"] == features.CORE and "mm_utils.py:1" in s["why"]
+    s = sc.scope("verl.models.transformers.llava_vl", 1)  # under a name computed from verl.models
+    assert "verl.models.llama.modeling" in reach and s["scope"] == features.CORE
     s = sc.scope("verl.models.transformers.kimi_vl", 1)  # a config's _target_
     assert s["scope"] == features.CORE and "reward_loader.py:1" in s["why"]
     # a model patch that the SFT dataset also imports is still that model type's

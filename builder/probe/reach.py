@@ -21,6 +21,8 @@ _ANY_IMPORT = re.compile(r"^[ \t]*(?:import[ \t]+(?P<plain>[\w., \t]+)$|from[ \t
                          r"(?P<names>\([^)]*\)|[^\n]*))", re.M)
 _VERL_NAME = re.compile(r"""["'](verl(?:\.\w+)+)["':]""")
 _VERL_NAME_YAML = re.compile(r"\b(verl(?:\.\w+)+)")
+# A name computed from a verl package (f"verl.models.{name}.modeling"): any module under it may load.
+_VERL_PREFIX = re.compile(r"""f["'](verl(?:\.\w+)*)\.\{""")
 
 
 def trainer_reach(root: str, entry: str = TRAINER_ENTRY) -> set[str]:
@@ -41,12 +43,20 @@ def trainer_reach(root: str, entry: str = TRAINER_ENTRY) -> set[str]:
         return [".".join(parts[:i]) for i in range(1, len(parts) + 1)
                 if parts[0] == "verl" and path_of(".".join(parts[:i]))]
 
+    def under(package: str) -> list[str]:  # every module below a package (a computed name's candidates)
+        mods = (".".join(os.path.relpath(p, top)[:-3].split(os.sep)) for p in texts)
+        return [m.removesuffix(".__init__") for m in mods if m.startswith(package + ".")]
+
     seen: set[str] = set()
     if path_of(entry) is None:
         return seen
     todo = [entry] + sorted(_named_in_configs(root))
     while todo:
-        for m in prefixes(todo.pop()):
+        name = todo.pop()
+        if name.endswith(".*"):
+            todo += under(name[:-2])
+            continue
+        for m in prefixes(name):
             if m not in seen:
                 seen.add(m)
                 p = path_of(m)
@@ -60,7 +70,7 @@ def _imports(path: str, text: str, top: str) -> list[str]:
     names in its strings."""
     rel = os.path.relpath(path, top)[:-3].split(os.sep)
     pkg = rel[:-1]  # the package a relative import starts from (for __init__.py: the package itself)
-    out = [m.group(1) for m in _VERL_NAME.finditer(text)]
+    out = [m.group(1) for m in _VERL_NAME.finditer(text)] + [m.group(1) + ".*" for m in _VERL_PREFIX.finditer(text)]
     for m in _ANY_IMPORT.finditer(text):
         if m.group("plain"):
             out += [n.split(" as ")[0].strip() for n in m.group("plain").split(",")]
