@@ -62,6 +62,17 @@ def nvcc_version(path: str) -> tuple[int, int] | None:
     return (int(m[0][0]), int(m[0][1])) if m else None
 
 
+def nvcc_threads(targets: int) -> int:
+    """Architectures one nvcc compiles at once: the library's build runs an nvcc per source file
+    beside each other, so half the CPUs this process may use, at most one per target (two cores:
+    one, as before; the lent H100's 16: six)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, min(targets, cpus // 2))
+
+
 def torch_archs() -> list[str]:
     """The kernels torch carries, read from its libraries' fatbins (`sm_XY` SASS, `compute_XY` PTX):
     torch.cuda.get_arch_list() answers [] without a GPU, and an image is built without one."""
@@ -159,6 +170,8 @@ def build(names: list[str], python: str = sys.executable, archs: list[str] | Non
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="envbuild-jit-") as ws:
             env = {**os.environ, k.arch_env: " ".join(tg), k.workspace_env: ws}
+            if k.threads_env and k.threads_env not in os.environ:
+                env[k.threads_env] = str(nvcc_threads(len(tg)))
             p = subprocess.run([python, "-c", _BUILD, k.module, k.spec], capture_output=True, text=True, env=env)
             lib = Path(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 and p.stdout.strip() else None
             if lib is None or not lib.is_file():

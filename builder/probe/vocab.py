@@ -164,6 +164,9 @@ class JitKernel:
     workspace_env  the variable that moves its JIT folder (a scratch folder at build time)
     aot_package  a package whose presence replaces `aot` (the library's own ahead-of-time wheel)
     why        what it costs without it
+    threads_env  the variable that lets its nvcc compile several architectures at once (nvcc
+               --threads): one nvcc per source file, each compiling its targets one after the other,
+               left 13 of a 16-core node idle (411 s for six targets on the lent H100)
     """
 
     name: str
@@ -176,6 +179,7 @@ class JitKernel:
     workspace_env: str
     aot_package: str
     why: str
+    threads_env: str = ""
 
     @property
     def package(self) -> str:
@@ -187,7 +191,7 @@ JIT_KERNELS = (
               "data/aot", "sampling", "FLASHINFER_CUDA_ARCH_LIST", "FLASHINFER_WORKSPACE_BASE", "flashinfer_jit_cache",
               "FlashInfer's top-k/top-p sampler, which vLLM's sampler and SGLang's default sampling backend call "
               "(verl's rollout samples with it): 99.4 s of nvcc on a fresh H100, 0.2 s prebuilt "
-              "(bench/verl_step/sglang_h100.json)"),
+              "(bench/verl_step/sglang_h100.json)", "FLASHINFER_NVCC_THREADS"),
 )
 
 
