@@ -117,11 +117,15 @@ def test_a_second_gpu_probe_of_the_same_image_finds_what_the_first_compiled(jit_
     kernel = folder / "flashinfer" / "kernel.txt"
     # the container's root file system is read-only and /tmp a tmpfs: the folder is what survived
     assert kernel.read_text().count("compiled") >= 1 and (folder / "triton" / "kernel.txt").is_file()
-    n = kernel.read_text().count("compiled")  # one per Python process the probe started
+    # One line per Python process the probe started that got as far as its site setup: a child the
+    # probe stops early (the GPU-architecture read, when torch turns out to have no CUDA) may or may
+    # not get there on a loaded machine, so the runs are compared by growth, not by equal counts.
+    n = kernel.read_text().count("compiled")
     second = run(a, ["env", "gpu"])
     assert second["jit_cache"] == {"key": first["jit_cache"]["key"], "files_before": 2}
-    assert kernel.read_text().count("compiled") == 2 * n
+    m = kernel.read_text().count("compiled")
+    assert m > n  # the second probe wrote into the same file: it found the first one's folder
     other = run(b, ["env", "gpu"])  # another image starts empty
     assert other["jit_cache"]["files_before"] == 0 and other["jit_cache"]["key"] != first["jit_cache"]["key"]
     cpu = run(a, ["env", "contract"])  # the CPU levels compile nothing and get no folder
-    assert "jit_cache" not in cpu and kernel.read_text().count("compiled") == 2 * n
+    assert "jit_cache" not in cpu and kernel.read_text().count("compiled") == m
