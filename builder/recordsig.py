@@ -44,15 +44,22 @@ def _envelopes(results: str | os.PathLike) -> list[Path]:
     return sorted(p for p in d.glob("*.dsse.json") if p.is_file() and not p.is_symlink()) if d.is_dir() else []
 
 
-def _statement(env: object) -> dict | None:
+def _statement(payload: bytes) -> dict | None:
+    try:
+        st = json.loads(payload)
+    except (ValueError, RecursionError):
+        return None
+    return st if isinstance(st, dict) else None
+
+
+def _unverified_statement(env: object) -> dict | None:
     """The statement an envelope carries, read without verifying (which files are signed already)."""
     import base64
 
     try:
-        st = json.loads(base64.b64decode(env["payload"], validate=True))  # type: ignore[index]
+        return _statement(base64.b64decode(env["payload"], validate=True))  # type: ignore[index]
     except (KeyError, TypeError, ValueError):
         return None
-    return st if isinstance(st, dict) else None
 
 
 def _subjects(st: dict) -> dict[str, str]:
@@ -75,7 +82,7 @@ def listed(results: str | os.PathLike) -> set[str]:
     out: set[str] = set()
     for p in _envelopes(results):
         try:
-            st = _statement(_read_envelope(p))
+            st = _unverified_statement(_read_envelope(p))
         except (OSError, ValueError, RecursionError):
             continue
         if st:
@@ -178,7 +185,7 @@ def signed_records(results: str | os.PathLike, keys: list[PublicKey], run: str |
         if payload is None:
             notes.append(why if keys else f"{where}: no key to verify it with")
             continue
-        st = _statement(env)
+        st = _statement(payload)  # what the signature covers, not the envelope read again
         pred = st.get("predicate") if st else None
         if ptype != IN_TOTO_PAYLOAD_TYPE or not st or st.get("_type") != STATEMENT_TYPE \
                 or st.get("predicateType") != PREDICATE_TYPE or not isinstance(pred, dict):
