@@ -69,18 +69,28 @@ def _imports(path: str, text: str, top: str) -> list[str]:
     """Every module a file names: its imports anywhere, relative ones resolved, and verl module
     names in its strings."""
     rel = os.path.relpath(path, top)[:-3].split(os.sep)
-    pkg = rel[:-1]  # the package a relative import starts from (for __init__.py: the package itself)
-    out = [m.group(1) for m in _VERL_NAME.finditer(text)] + [m.group(1) + ".*" for m in _VERL_PREFIX.finditer(text)]
-    for m in _ANY_IMPORT.finditer(text):
+    return ([m.group(1) for m in _VERL_NAME.finditer(text)] + [m.group(1) + ".*" for m in _VERL_PREFIX.finditer(text)]
+            + [name for name, _ in import_statements(text, rel[:-1], _ANY_IMPORT)])
+
+
+def import_statements(text: str, package: list[str], pattern: re.Pattern) -> list[tuple[str, int]]:
+    """(module, line) for each module the import statements `pattern` finds in `text` name (the
+    module, and each name taken from it, which may be one), relative ones resolved from `package`
+    (the parts of the package a relative import starts from). Read with a pattern, not a syntax
+    tree: this runs over every file of verl. `pattern` has the groups plain, dots, mod and names."""
+    out: list[tuple[str, int]] = []
+    line, pos = 1, 0
+    for m in pattern.finditer(text):
+        line, pos = line + text.count("\n", pos, m.start()), m.start()
         if m.group("plain"):
-            out += [n.split(" as ")[0].strip() for n in m.group("plain").split(",")]
+            out += [(n.split(" as ")[0].strip(), line) for n in m.group("plain").split(",") if n.strip()]
             continue
         dots, base = len(m.group("dots")), m.group("mod") or ""
         if dots:
-            parts = pkg[:len(pkg) - (dots - 1)] if dots > 1 else pkg
+            parts = package[:len(package) - (dots - 1)] if dots > 1 else package
             base = ".".join(parts + ([base] if base else []))
         names = re.sub(r"#[^\n]*", "", m.group("names")).strip("()\n\\ ")
-        out += [base] + [f"{base}.{n.split(' as ')[0].strip()}" for n in names.split(",") if n.strip()]
+        out += [(base, line)] + [(f"{base}.{n.split(' as ')[0].strip()}", line) for n in names.split(",") if n.strip()]
     return out
 
 

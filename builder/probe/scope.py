@@ -16,7 +16,7 @@ import fnmatch
 import os
 import re
 
-from .reach import trainer_reach
+from .reach import import_statements, trainer_reach
 from .staticcalls import Trees
 from .staticimports import _sources
 from .features import (CORE, FEATURE, FEATURE_SPECS, GUARD_SCOPE, MODEL_SCOPE, SCOPE_FROM_CODE, SCOPE_FROM_DATA,
@@ -288,25 +288,9 @@ class Scoper:
         return self._reach
 
     def _top_imports(self, path: str, lines: bool = False):
-        """Modules imported at module level (column 0: not in a function, not under try/if) by a
-        file. Read with a pattern, not a syntax tree: this runs over every file of verl."""
-        text = self._text(path)
-        here = self.module_of(path)
-        is_pkg = path.endswith("__init__.py")
-        out = []
-        for m in _TOP_IMPORT.finditer(text):
-            line = text.count("\n", 0, m.start()) + 1
-            if m.group("plain"):
-                out += [(name.split(" as ")[0].strip(), line) for name in m.group("plain").split(",") if name.strip()]
-                continue
-            dots, base = len(m.group("dots")), m.group("mod") or ""
-            if dots:
-                parts = here.split(".") if is_pkg else here.split(".")[:-1]
-                parts = parts[:len(parts) - (dots - 1)] if dots > 1 else parts
-                base = ".".join(parts + ([base] if base else []))
-            out.append((base, line))
-            names = re.sub(r"#[^\n]*", "", m.group("names")).strip("()\n ")
-            out += [(f"{base}.{n.split(' as ')[0].strip()}", line) for n in names.split(",") if n.strip()]
+        """Modules imported at module level (column 0: not in a function, not under try/if) by a file."""
+        here = self.module_of(path).split(".")
+        out = import_statements(self._text(path), here if path.endswith("__init__.py") else here[:-1], _TOP_IMPORT)
         return out if lines else [mod for mod, _ in out]
 
     def _text(self, path: str) -> str:
