@@ -285,6 +285,11 @@ def test_core_is_what_the_trainer_entry_can_reach(tmp_path):
     # a model patch that the SFT dataset also imports is still that model type's
     s = sc.scope("verl.models.transformers.qwen3_vl", 1)
     assert s["scope"] == "model:qwen3_vl" and s["from"] == "code"
+    # a finding in a module of no feature that the trainer never loads (the SFT trainer's own
+    # import) is that other entry point's, and says so; one in a reached module stays core
+    s = sc.scope("verl.trainer.sft_trainer", 1)
+    assert (s["scope"], s["from"]) == ("guard:unreached", "code") and "verl.trainer.main_ppo" in s["why"]
+    assert sc.scope("verl.utils.dataset.rl_dataset", 1)["scope"] == features.CORE
 
 
 def test_without_the_trainer_entry_nothing_is_ruled_out(tmp_path):
@@ -293,3 +298,4 @@ def test_without_the_trainer_entry_nothing_is_ruled_out(tmp_path):
     assert sc.reached() == set()
     s = sc.scope("verl.models.transformers.glm4v", 1)
     assert s["scope"] == features.CORE and "multiturn_sft_dataset.py:1" in s["why"]
+    assert sc.scope("verl.trainer.sft_trainer", 1)["scope"] == features.CORE

@@ -25,6 +25,9 @@ GUARDS = {
     "runtime-check": "runs only after a run-time check (hasattr, inspect.signature) that this install fails",
     "fallback": "inside try/except: the code takes its fallback when this fails",
     "argument": "runs only when a caller passes an optional argument",
+    # probe.reach over-approximates what the entry loads, so a module outside it is one no GRPO run
+    # of verl's trainer imports: another entry point's (SFT trainer, model merger, tools)
+    "unreached": "in a module verl's trainer entry (main_ppo) never loads: another entry point's",
 }
 # verl's trainer entry (`python -m verl.trainer.main_ppo`, every release so far): what `core` is
 # reached from, and what the gpu level's verl-step runs.

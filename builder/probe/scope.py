@@ -112,6 +112,9 @@ class Scoper:
             found = self._model_type(mod)
         if found is None:
             found = self._feature_module(mod, function)
+        if found is None and self.reached() and mod not in self.reached():
+            found = _scope(GUARD_SCOPE + "unreached", SCOPE_FROM_CODE, f"{mod} is outside what {TRAINER_ENTRY} "
+                           "can load (probe.reach): no run of verl's trainer imports it")
         if found is None:
             return _scope(CORE, SCOPE_UNDETERMINED, "scope not determined: counts as core")
         name = found["scope"]
