@@ -1,8 +1,8 @@
 """What this machine has: the one place that asks whether a GPU is here and which.
 
 Every accelerator kind says, in its descriptor (hardware.ACCELERATORS), which device files mean one
-is present and which command lists them; `accelerator()` asks them in order. `nvidia_gpus()`
-reads the details doctor and pick need (name, driver, compute capability).
+is present and which command lists them; `accelerator()` asks them in order. `gpus()`
+reads the details doctor and pick need (name, driver, architecture) through each kind's listing.
 """
 
 from __future__ import annotations
@@ -48,21 +48,20 @@ def container_device_args() -> list[str]:
     return list(kind.container_args) if kind else []
 
 
-def nvidia_gpus() -> list[dict]:
-    """[{'name', 'driver', 'sm'}] from nvidia-smi; [] without an NVIDIA driver here."""
-    from .probe.fatbin import parse_sm
-
-    exe = shutil.which("nvidia-smi")
-    if not exe:
-        return []
-    try:
-        p = subprocess.run([exe, "--query-gpu=name,driver_version,compute_cap", "--format=csv,noheader"],
-                           capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return []
+def gpus() -> list[dict]:
+    """[{'name', 'driver', 'sm', 'kind'}] from the listing command of each kind that has one
+    (AcceleratorKind.gpu_query); [] where none answers. `sm`: the architecture number (90)."""
     out = []
-    for line in p.stdout.splitlines() if p.returncode == 0 else []:
-        parts = [x.strip() for x in line.split(",")]
-        if len(parts) == 3:
-            out.append({"name": parts[0], "driver": parts[1], "sm": parse_sm(parts[2])})
+    for kind in ACCELERATORS.values():
+        exe = shutil.which(kind.gpu_query[0]) if kind.gpu_query else None
+        if not exe:
+            continue
+        try:
+            p = subprocess.run([exe, *kind.gpu_query[1:]], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        for line in p.stdout.splitlines() if p.returncode == 0 else []:
+            parts = [x.strip() for x in line.split(",")]
+            if len(parts) == 3:
+                out.append({"name": parts[0], "driver": parts[1], "sm": kind.arch_number(parts[2]), "kind": kind.name})
     return out

@@ -331,7 +331,7 @@ def record_in_place(results: str, row: dict, level: str, verdict: dict, python_e
     from .outcome import Verdict, record_status
     from .record import IN_PLACE, Record, machine_info, write_record
 
-    gpus = host.nvidia_gpus()
+    gpus = host.gpus()
     v = Verdict.of(verdict, level)
     place = {"kind": IN_PLACE, "host": platform.node(), "python": python_exe, "glibc": row.get("glibc"),
              "gpu": [g["name"] for g in gpus], "driver": gpus[0]["driver"] if gpus else None,

@@ -27,6 +27,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
+from . import drivers
 from .row import Row, Table, parse_pinned
 from .selector import Selectors, from_flags, version_matches
 from .probe.vocab import DECISIVE, FAILING, LEVELS, PASS, level_rank
@@ -184,7 +185,7 @@ def driver_gap(row: Row, driver: str | None) -> str | None:
         return f"the oldest driver for its {row.combo.cuda or 'CUDA'} is unknown"
     if driver_at_least(driver, need):
         return None
-    return f"needs NVIDIA driver >= {need} for {row.combo.cuda}, this one is {driver}"
+    return f"needs {drivers.driver_label(row.combo.cuda)} >= {need} for {row.combo.cuda}, this one is {driver}"
 
 
 def qualifies_facts(f: Facts, a: Ask) -> bool:

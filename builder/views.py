@@ -10,15 +10,15 @@ on neither list.
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 
 from . import drivers
-from .probe.fatbin import GPUS
 from .query import Ask, Facts, cells, facts, rank_key
 from .row import STATUSES, TABLE_PAYLOAD_TYPE, Row, Table
 from .probe.vocab import ENGINE_SPECS, LEVELS, level_rank
 from .probe.features import FEATURE_SPECS
-from .probe.hardware import DEFAULT_PLATFORM, PLATFORMS, parse_variant
+from .probe.hardware import DEFAULT_PLATFORM, PLATFORMS, gpu_names, parse_variant
 
 HISTORY_IN_PAGE = 10  # the page shows recent runs; compat.json keeps them all
 
@@ -62,7 +62,7 @@ def engine_label(row: Row) -> str:
 
 def gpu_label(sm: str) -> str:
     """`sm_90` -> `sm_90 (H100, H200, H20, GH200)`."""
-    names = [n for n, cc in GPUS.items() if f"sm_{cc}" == sm]
+    names = [n for n, arch in gpu_names().items() if arch == sm]
     return f"{sm} ({', '.join(names)})" if names else sm
 
 
@@ -99,8 +99,8 @@ def page_data(table: Table, pubkey: dict) -> dict:
     keyval = pubkey.get("keyval") if isinstance(pubkey.get("keyval"), dict) else {}
     # Every GPU a user may have (the known ones, and any a row's kernels name): choosing one the
     # table has no kernels for must say so, not hide the choice.
-    known = {f"sm_{cc}" for cc in GPUS.values()} | {s for r in rows for s in (facts(r).supports or ())}
-    gpus = sorted(known, key=lambda s: int(s[3:]))
+    known = set(gpu_names().values()) | {s for r in rows for s in (facts(r).supports or ())}
+    gpus = sorted(known, key=lambda s: (re.sub(r"\d+$", "", s), int(re.sub(r"^\D*", "", s) or 0)))
     return {"generated": table.generated, "schema": table.schema, "serial": table.serial, "expires": table.expires,
             "keyid": pubkey.get("keyid"), "counts": table.counts, "rows": out_rows,
             "key": {"keyid": pubkey.get("keyid"), "public": keyval.get("public")},
@@ -112,7 +112,7 @@ def page_data(table: Table, pubkey: dict) -> dict:
             "features": [[f.name, f.label] for f in FEATURE_SPECS],
             # the command line's spellings, for the page's address and the commands it prints
             "engines": [[e.name, e.versioned] for e in ENGINE_SPECS],
-            "gpuNames": {n.lower(): f"sm_{cc}" for n, cc in GPUS.items()},
+            "gpuNames": {n.lower(): arch for n, arch in gpu_names().items()},
             "variantNames": _variant_names(rows)}
 
 
@@ -133,7 +133,7 @@ def render_html(table: Table, pubkey: dict) -> str:
     data = json.dumps(page_data(table, pubkey), sort_keys=True, separators=(",", ":"))
     data = data.replace("<", "\\u003c")  # nothing in the data can close the <script> element
     return _template("index.html.j2").render(data=data, keyid=str(pubkey.get("keyid")),
-                                             generated=str(table.generated))
+                                             generated=str(table.generated), driver_label=drivers.page_table()["label"])
 
 
 # ---------------------------------------------------------------- compat.md
@@ -163,7 +163,7 @@ def needs(r: Row) -> list[str]:
     out.append("kernels for " + (", ".join(f.supports) if f.supports else "unknown GPUs (not read)"))
     var = parse_variant(r.combo.cuda)
     if f.min_driver:
-        out.append(f"NVIDIA driver >= {f.min_driver} ({var.label if var else r.combo.cuda})")
+        out.append(f"{drivers.driver_label(r.combo.cuda)} >= {f.min_driver} ({var.label if var else r.combo.cuda})")
     if hw.get("min_shm_bytes"):
         out.append(f"/dev/shm >= {int(hw['min_shm_bytes']) >> 20} MiB")
     for c in hw.get("caveats") or []:

@@ -11,7 +11,9 @@ What it walks:
 - accelerator kinds (hardware.ACCELERATORS): variant spellings round-trip, the per-variant secret
   `ci torch-index --export` exports under the name the bake file reads (index_config.torch_index_env,
   a shell identifier; tests/test_ci.py reads the bake file's), the probe's no-device
-  classification, the host's device files and `docker run` arguments, the driver label;
+  classification, the host's device files and `docker run` arguments, the driver label, its driver
+  table (drivers: doctor, the row's facts, pick, the page), its GPU names (the page's and doctor's)
+  and the host's listing of its GPUs (host.gpus: doctor, in-place records);
 - platforms (hardware.PLATFORM_SPECS): `--platform` in either spelling, the lock's wheel tags
   and uv platform, the combination id.
 """
@@ -85,7 +87,7 @@ def test_pick_takes_every_engine_flag(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ACCELERATORS.values(), ids=lambda k: k.name)
-def test_every_accelerator_kind_reaches_every_consumer(kind, capsys, monkeypatch):
+def test_every_accelerator_kind_reaches_every_consumer(kind, capsys, monkeypatch, tmp_path):
     from envbuild import ci_index, host
     from envbuild.index_config import torch_index_env
     from envbuild.probe.classify import classify_exception
@@ -109,14 +111,36 @@ def test_every_accelerator_kind_reaches_every_consumer(kind, capsys, monkeypatch
     # the host: its device files mean one is here (host.py asks every kind)
     if kind.device_nodes:
         present = {kind.device_nodes[0]}
-        monkeypatch.setattr(host.os.path, "exists", lambda p: p in present)
-        host.accelerator.cache_clear()
-        try:
-            assert host.accelerator() == kind and host.container_device_args() == list(kind.container_args)
-        finally:
+        with monkeypatch.context() as m:
+            m.setattr(host.os.path, "exists", lambda p: p in present)
             host.accelerator.cache_clear()
+            try:
+                assert host.accelerator() == kind and host.container_device_args() == list(kind.container_args)
+            finally:
+                host.accelerator.cache_clear()
     # what a reader calls its driver, wherever a kind has one
     assert bool(kind.driver_label) == (kind.name != "cpu")
+    # its driver table answers through drivers.py for every spelling of the variant, and so does
+    # the floor of its major; the label the readers print is the kind's
+    from envbuild import drivers
+    from envbuild.probe.hardware import Variant, gpu_names
+
+    for version, drv in kind.min_driver.items():
+        v = Variant(kind.name, version)
+        assert drivers.min_driver(v.tag) == drivers.min_driver(v.label) == drv
+        assert drivers.driver_floor(v.tag) == kind.driver_floor.get(version.split(".")[0])
+        assert drivers.driver_label(v.tag) == kind.driver_label
+    # its GPU names are the page's and the readers' (`H100` -> `sm_90`)
+    for name, number in kind.gpus.items():
+        assert gpu_names()[name] == kind.arch_name(number)
+    # the host lists its GPUs through the kind's own command (a stand-in of it on PATH)
+    if kind.gpu_query:
+        name, number = next(iter(kind.gpus.items()))
+        exe = tmp_path / kind.gpu_query[0]
+        exe.write_text(f"#!/bin/sh\necho '{name} 80GB, 999.1, {kind.arch_name(number)}'\n")
+        exe.chmod(0o755)
+        monkeypatch.setenv("PATH", str(tmp_path))
+        assert host.gpus() == [{"name": f"{name} 80GB", "driver": "999.1", "sm": number, "kind": kind.name}]
 
 
 # ---------------------------------------------------------------- platforms

@@ -70,6 +70,11 @@ def test_compatibility_rules_and_gpu_names():
     assert parse_sm("H200") == 90 and parse_sm("GB200") == 100 and parse_sm("B300") == 103
     assert parse_sm("sm_90") == parse_sm("9.0") == parse_sm("sm_90a") == parse_sm("compute_90") == 90
     assert parse_sm("banana") is None
+    # what nvidia-smi's compute_cap prints, as the host's GPU listing reads it (hardware.CUDA_KIND)
+    from envbuild.probe.hardware import CUDA_KIND
+
+    assert CUDA_KIND.arch_number("10.3") == 103 and CUDA_KIND.arch_number("9.0") == 90
+    assert CUDA_KIND.arch_number("[N/A]") is None
     ok, missing = supported({"a.so": hopper_only, "b.so": ptx}, [80, 90, 100])
     assert ok == [90] and missing == {80: ["a.so"], 100: ["a.so"]}
 

@@ -5,6 +5,7 @@ import json
 import re
 
 from envbuild import drivers
+from envbuild.probe.hardware import CUDA_KIND
 from envbuild.row import Table
 from envbuild.views import render_html
 
@@ -40,4 +41,5 @@ def test_min_driver_table_is_nvidias():
         assert drivers.min_driver(cuda) == drv
     assert drivers.min_driver("cu999") is None and drivers.min_driver("cpu") is None
     d = _data(render_html(Table(rows=[]), PUB))
-    assert d["drivers"]["min"] == drivers.MIN_DRIVER_LINUX and "{floor}" in d["drivers"]["note"]
+    assert d["drivers"]["min"] == CUDA_KIND.min_driver and "{floor}" in d["drivers"]["note"]
+    assert d["drivers"]["label"] == "NVIDIA driver" and drivers.driver_floor("12.8") == "525.60.13"

@@ -57,17 +57,18 @@ def check_host(verdict: dict, opt: Options, shm_path: str = "/dev/shm") -> list[
                           "docker run --shm-size=16g (or --ipc=host); on Kubernetes an emptyDir with medium: Memory"))
     else:
         out.append(Result("env", "env.shm", PASS, f"{shm_path}: {shm >> 20} MiB"))
-    gpus = (opt.gpus_smi or host.nvidia_gpus)()
+    gpus = (opt.gpus_smi or host.gpus)()
     versions = verdict.get("versions") or {}
-    need = drivers.min_driver(versions.get("torch_cuda")) if versions.get("torch_cuda") else None
+    toolkit = versions.get("torch_cuda")
+    need = drivers.min_driver(toolkit) if toolkit else None
     if gpus and need:
-        have = gpus[0]["driver"]
+        have, label = gpus[0]["driver"], drivers.driver_label(toolkit)
         if _ver_tuple(have) >= _ver_tuple(need):
-            out.append(Result("env", "env.driver", PASS, f"NVIDIA driver {have} ≥ {need} (CUDA {versions['torch_cuda']})"))
+            out.append(Result("env", "env.driver", PASS, f"{label} {have} ≥ {need} (CUDA {toolkit})"))
         else:
-            floor = drivers.MINOR_COMPAT_FLOOR.get(str(versions["torch_cuda"]).split(".")[0])
+            floor = drivers.driver_floor(toolkit)
             out.append(Result("env", "env.driver", FAIL if not floor or _ver_tuple(have) < _ver_tuple(floor) else WARN,
-                              f"NVIDIA driver {have} is older than {need}, the minimum for CUDA {versions['torch_cuda']}",
+                              f"{label} {have} is older than {need}, the minimum for CUDA {toolkit}",
                               "update the driver, use an image of an older CUDA (envbuild pick --cuda ...), or the "
                               "forward-compatibility package (cuda-compat) on data-center GPUs"))
     arch = ((verdict.get("hardware") or {}).get("gpu_arch") or {})

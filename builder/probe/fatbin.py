@@ -27,19 +27,15 @@ import os
 import struct
 from dataclasses import dataclass, field
 
+from .hardware import CUDA_KIND
+
 FATBIN_MAGIC = 0xBA55ED50
 KIND_PTX, KIND_SASS = 1, (2, 0x10)  # 0x10: a cubin stored the alternate way; cuobjdump lists it as ELF
 # Entry header: kind, ?, header size, payload size (8-aligned, with padding), stored size, ?, minor,
 # arch, name offset and size, flags (u64).
 _ENTRY = struct.Struct("<HHIQIII IIIQ")
 ARCH_SPECIFIC, FAMILY = 0x100000, 0x200000  # flags of an sm_XYa and an sm_XYf cubin
-# GPU product names -> compute capability (major*10+minor). Grace-Hopper/Blackwell superchips carry
-# the same GPU as their discrete parts.
-GPUS = {
-    "V100": 70, "T4": 75, "A100": 80, "A30": 80, "A10": 86, "A10G": 86, "A40": 86, "RTX3090": 86,
-    "L4": 89, "L40": 89, "L40S": 89, "RTX4090": 89, "H100": 90, "H200": 90, "H20": 90, "GH200": 90,
-    "B200": 100, "GB200": 100, "B300": 103, "GB300": 103, "RTX5090": 120, "RTXPRO6000": 120,
-}
+GPUS = CUDA_KIND.gpus  # product name -> compute capability: the kind's own table
 
 
 ARCH_SPECIFIC_FROM = 90  # sm_90a was the first arch-specific target: below it every cubin is portable

@@ -9,7 +9,7 @@ an accelerator kind is one AcceleratorKind.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # ---------------------------------------------------------------- accelerator variants
 
@@ -31,6 +31,12 @@ class AcceleratorKind:
     driver_label    what a reader calls that driver
     env_checks      the env level's checks of a torch built for it (its GPU libraries, and which GPUs
                     its extensions have kernels for); a kind without them is said not checked
+    min_driver      toolkit version ("12.4") -> the oldest Linux driver that runs it
+    driver_floor    major ("12") -> the oldest driver that runs any toolkit of that major (minor
+                    version compatibility), and driver_note: what else bridges a newer toolkit
+    gpus            product name -> architecture number (H100 -> 90), spelled arch_prefix + number
+                    (sm_90): what `pick --gpu`, doctor and the page call a GPU
+    gpu_query       a command printing one `name, driver, architecture` CSV line per GPU here
     """
 
     name: str
@@ -44,6 +50,43 @@ class AcceleratorKind:
     driver_lib: str | None = None
     driver_label: str = ""
     env_checks: tuple[str, ...] = ()
+    min_driver: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+    driver_floor: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+    driver_note: str = ""
+    gpus: dict[str, int] = field(default_factory=dict, compare=False, hash=False)
+    arch_prefix: str = ""
+    gpu_query: tuple[str, ...] = ()
+
+    def arch_name(self, number: int) -> str:
+        return f"{self.arch_prefix}{number}"
+
+    def arch_number(self, text: object) -> int | None:
+        """What the GPU listing prints (`9.0`, `sm_90`) -> 90; None if it is not one number."""
+        digits = re.sub(r"^[a-z_]*", "", str(text or "").strip().lower()).replace(".", "")
+        return int(digits) if digits.isdigit() else None
+
+
+# NVIDIA's CUDA Toolkit release notes, table "CUDA Toolkit and Corresponding Driver Versions" (Linux
+# x86_64, the toolkit's GA release). Within one CUDA major, minor version compatibility lets an older
+# driver of that major (from the floor) run newer minor toolkits, minus features that need the newer
+# driver (PTX JIT of newer PTX); data-center GPUs can also use the forward-compatibility package.
+_CUDA_DRIVERS = {
+    "11.8": "520.61.05", "12.0": "525.60.13", "12.1": "530.30.02", "12.2": "535.54.03", "12.3": "545.23.06",
+    "12.4": "550.54.14", "12.5": "555.42.02", "12.6": "560.28.03", "12.8": "570.26", "12.9": "575.51.03",
+    "13.0": "580.65.06",
+}
+_CUDA_FLOORS = {"11": "450.80.02", "12": "525.60.13", "13": "580.65.06"}
+_CUDA_NOTE = ("An older driver of the same CUDA major version (at least {floor}) runs this "
+              "toolkit through minor version compatibility, minus features that need the newer "
+              "driver; data-center GPUs can use the forward-compatibility package (cuda-compat) "
+              "for a newer toolkit on an older driver.")
+# GPU product names -> compute capability (major*10+minor). Grace-Hopper/Blackwell superchips carry
+# the same GPU as their discrete parts.
+_CUDA_GPUS = {
+    "V100": 70, "T4": 75, "A100": 80, "A30": 80, "A10": 86, "A10G": 86, "A40": 86, "RTX3090": 86,
+    "L4": 89, "L40": 89, "L40S": 89, "RTX4090": 89, "H100": 90, "H200": 90, "H20": 90, "GH200": 90,
+    "B200": 100, "GB200": 100, "B300": 103, "GB300": 103, "RTX5090": 120, "RTXPRO6000": 120,
+}
 
 
 CUDA_KIND = AcceleratorKind("cuda", "CUDA", "cu", "cuda", ("--gpus", "all"), ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg"),
@@ -57,7 +100,11 @@ CUDA_KIND = AcceleratorKind("cuda", "CUDA", "cu", "cuda", ("--gpus", "all"), ("/
                                        (r"cudaGetDeviceCount|CUDA_ERROR_NO_DEVICE|no CUDA-capable device is detected",
                                         "no CUDA device")),
                             driver_lib="libcuda", driver_label="NVIDIA driver",
-                            env_checks=("cudnn", "nccl", "gpu-arch"))
+                            env_checks=("cudnn", "nccl", "gpu-arch"),
+                            min_driver=_CUDA_DRIVERS, driver_floor=_CUDA_FLOORS, driver_note=_CUDA_NOTE,
+                            gpus=_CUDA_GPUS, arch_prefix="sm_",
+                            gpu_query=("nvidia-smi", "--query-gpu=name,driver_version,compute_cap",
+                                       "--format=csv,noheader"))
 ROCM_KIND = AcceleratorKind("rocm", "ROCm", "rocm", "hip",
                             ("--device", "/dev/kfd", "--device", "/dev/dri", "--group-add", "video"),
                             ("/dev/kfd",), ("rocm-smi", "--showproductname"),
@@ -68,6 +115,11 @@ ROCM_KIND = AcceleratorKind("rocm", "ROCm", "rocm", "hip",
                             driver_label="AMD GPU driver (amdgpu)")  # user space comes in the torch wheel
 CPU_KIND = AcceleratorKind("cpu", "CPU", "cpu", None)
 ACCELERATORS = {k.name: k for k in (CUDA_KIND, ROCM_KIND, CPU_KIND)}
+
+
+def gpu_names() -> dict[str, str]:
+    """Every GPU product name any kind knows -> its architecture's spelling (`H100` -> `sm_90`)."""
+    return {n: k.arch_name(cc) for k in ACCELERATORS.values() for n, cc in k.gpus.items()}
 CPU = "cpu"  # the variant tag of a CPU-only torch build
 
 
