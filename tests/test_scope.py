@@ -244,7 +244,11 @@ TRAINER = {
 
         def model(name):
             return importlib.import_module(f"verl.models.{name}.modeling")
+
+        def plugin(name):
+            return importlib.import_module("verl.plugins." + name)
         ''',
+    "plugins/extra.py": "import os\n",
     "models/llama/modeling.py": "from verl.models.transformers import llava_vl\n",
     "models/transformers/llava_vl.py": "from transformers import Gone\n",
     "workers/rollout/vllm_rollout.py": "from ..mm_utils import qwen_helpers\n",
@@ -280,6 +284,8 @@ def test_core_is_what_the_trainer_entry_can_reach(tmp_path):
     assert s["scope"] == features.CORE and "mm_utils.py:1" in s["why"]
     s = sc.scope("verl.models.transformers.llava_vl", 1)  # under a name computed from verl.models
     assert "verl.models.llama.modeling" in reach and s["scope"] == features.CORE
+    # a name concatenated onto a verl package: every module under it may load
+    assert "verl.plugins.extra" in reach and sc.scope("verl.plugins.extra", 1)["scope"] == features.CORE
     s = sc.scope("verl.models.transformers.kimi_vl", 1)  # a config's _target_
     assert s["scope"] == features.CORE and "reward_loader.py:1" in s["why"]
     # a model patch that the SFT dataset also imports is still that model type's

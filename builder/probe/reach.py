@@ -21,8 +21,9 @@ _ANY_IMPORT = re.compile(r"^[ \t]*(?:import[ \t]+(?P<plain>[\w., \t]+)$|from[ \t
                          r"(?P<names>\([^)]*\)|[^\n]*))", re.M)
 _VERL_NAME = re.compile(r"""["'](verl(?:\.\w+)+)["':]""")
 _VERL_NAME_YAML = re.compile(r"\b(verl(?:\.\w+)+)")
-# A name computed from a verl package (f"verl.models.{name}.modeling"): any module under it may load.
-_VERL_PREFIX = re.compile(r"""f["'](verl(?:\.\w+)*)\.\{""")
+# A name computed from a verl package (f"verl.models.{name}.modeling", "verl.models." + name,
+# "verl.models.%s" % name, "verl.models.{}".format(name)): any module under it may load.
+_VERL_PREFIX = re.compile(r"""(?:\b[rR]?[fF][rR]?)?["'](verl(?:\.\w+)*)\.(?:\{|%|["'])""")
 
 
 def trainer_reach(root: str, entry: str = TRAINER_ENTRY) -> set[str]:
