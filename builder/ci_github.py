@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from . import errors
 from .errors import InputError
 from .fsutil import write_atomic
 from .matrix import load_matrix
@@ -190,7 +191,7 @@ def _run_github(args) -> int:
             print(f"{p}: stale; regenerate with `envbuild ci github{out_option(args.out)}`", file=sys.stderr)
         if not stale:
             print(" ".join(map(str, files)) + ": up to date")
-        return 1 if stale else 0
+        return errors.VERDICT if stale else errors.OK  # a failed check, as a regression is
     for p, text in files.items():
         write_atomic(p, text)
         print(p)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
+from . import errors
 from .diff import check_order, compare, render_markdown, render_text
 
 
@@ -46,4 +47,4 @@ def run(args) -> int:
         print()
     else:
         sys.stdout.write(render_text(d))
-    return 1 if d.regressions else 0
+    return errors.VERDICT if d.regressions else errors.OK

@@ -213,3 +213,31 @@ if __name__ == "__main__":  # the figures a closing note reports
     for f in sorted(by_floor, reverse=True):
         print(f"floor {f:2}: {', '.join(sorted(by_floor[f]))}")
     sys.exit(0)
+
+
+def _literal_codes(e: ast.AST) -> list[int]:
+    """The non-zero integer literals an exit expression can return (`2`, `1 if x else 0`)."""
+    if isinstance(e, ast.IfExp):
+        return _literal_codes(e.body) + _literal_codes(e.orelse)
+    if isinstance(e, ast.Constant) and type(e.value) is int and e.value != 0:
+        return [e.value]
+    return []
+
+
+def test_exit_codes_come_from_the_one_table():
+    """An outcome has one exit code, named in one home (vocab.EXIT_*, errors.OK/VERDICT/BAD_INPUT/
+    INFRA): no command returns or exits with a literal other than 0 (issue 51)."""
+    bad = []
+    for path in sorted(PKG.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for fn in ast.walk(tree):
+            if not isinstance(fn, ast.FunctionDef) or not (fn.name in ("main", "_main", "run") or fn.name.startswith("run_")):
+                continue
+            for n in ast.walk(fn):
+                if isinstance(n, ast.Return) and n.value is not None and _literal_codes(n.value):
+                    bad.append(f"{path.relative_to(PKG)}:{n.lineno} return {ast.unparse(n.value)}")
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Call) and ast.unparse(n.func) in ("sys.exit", "exit", "os._exit") and n.args \
+                    and _literal_codes(n.args[0]):
+                bad.append(f"{path.relative_to(PKG)}:{n.lineno} {ast.unparse(n)}")
+    assert not bad, bad

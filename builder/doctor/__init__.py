@@ -17,6 +17,7 @@ import sys
 from dataclasses import asdict
 from typing import Callable
 
+from .. import errors
 from ..errors import InputError
 from ..verl_config import VerlConfig, build_config
 from ..probe.hardware import PLATFORMS, parse_platform
@@ -150,7 +151,7 @@ def run(args) -> int:
         print()
     else:
         print_report(results)
-    return 1 if failed else 0
+    return errors.VERDICT if failed else errors.OK
 
 
 def _counts(results: list[Result]) -> dict:

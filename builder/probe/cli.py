@@ -11,7 +11,7 @@ import traceback
 
 from . import prefetch, sidebyside, warmup
 from .verdict import ERROR, FAIL, SKIPPED, Verdict, write_json
-from .vocab import ENGINE, ENGINES, EXIT_INFRA, EXIT_OF_STATUS, EXPECT_KEYS, LEVELS, QUIET
+from .vocab import ENGINE, ENGINES, EXIT_BAD_INPUT, EXIT_INFRA, EXIT_OF_STATUS, EXPECT_KEYS, LEVELS, QUIET
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -163,12 +163,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.n < 2:
         print("envbuild-probe: -n must be >= 2 (GRPO needs a group)", file=sys.stderr)
-        return 2  # bad input, as on the host
+        return EXIT_BAD_INPUT  # as on the host
     try:
         warmup.how()
     except ValueError as e:
         print(f"envbuild-probe: {e}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     v = run(args)
     d = v.to_dict()
     d["timings"]["process"] = round(time.time() - _process_start(), 4)

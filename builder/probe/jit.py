@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from .fatbin import Coverage, parse_sm, scan
-from .vocab import JIT_KERNELS, JitKernel
+from .vocab import EXIT_BAD_INPUT, JIT_KERNELS, JitKernel
 
 KERNEL = {k.name: k for k in JIT_KERNELS}
 FAMILY_FROM = (12, 9)  # the first CUDA whose nvcc builds family targets (compute_100f)
@@ -193,7 +193,7 @@ def main(argv: list[str]) -> int:
         unknown = [n for n in argv[1:] if n not in KERNEL]
         if unknown:
             print(f"jit: unknown kernel {unknown[0]!r} (known: {', '.join(KERNEL)})", file=sys.stderr)
-            return 2
+            return EXIT_BAD_INPUT
         # An optimisation: whatever goes wrong here, the image is the lock without it, and the
         # engine compiles the kernel on first use; the build goes on.
         try:
@@ -202,7 +202,7 @@ def main(argv: list[str]) -> int:
             print(f"jit: not built ({type(e).__name__}: {str(e)[:300]}); the engine compiles on first use", flush=True)
         return 0
     print("usage: python -m envbuild_probe.jit build NAME...", file=sys.stderr)
-    return 2
+    return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ from __future__ import annotations
 import importlib.metadata as md
 import sys
 
-NO_PACKAGING = 3
+from .vocab import EXIT_INFRA, EXIT_OK, EXIT_VERDICT
+
+NO_PACKAGING = EXIT_INFRA  # no `packaging` here: nothing was judged
 
 
 def problems() -> list[str] | None:
@@ -74,7 +76,7 @@ def main() -> int:
         return NO_PACKAGING
     if found:
         print("\n".join(found))
-    return 1 if found else 0
+    return EXIT_VERDICT if found else EXIT_OK
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from dataclasses import asdict
 
 from .staticreport import static_report
 from .extcheck import check_extensions
+from .vocab import EXIT_BAD_INPUT
 
 
 def main(argv: list[str]) -> int:
@@ -34,7 +35,7 @@ def main(argv: list[str]) -> int:
                "other_torch": rep.other_torch}
     else:
         print(f"unknown job {job!r}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     out["seconds"] = round(time.perf_counter() - t0, 4)
     json.dump(out, sys.stdout)
     return 0
