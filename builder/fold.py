@@ -22,7 +22,7 @@ import time
 
 from . import drivers
 from .fsutil import safe_name
-from .outcome import Check, Verdict
+from .outcome import Verdict
 from .record import is_census, is_in_place, is_placed
 from .values import combo_id, combo_tag
 from .row import Combo, Entry, Failure, HistoryEntry, Image, Row, parse_pinned, parse_utc
@@ -38,25 +38,6 @@ def _short(text: object, n: int = _DETAIL_MAX) -> str:
     return s if len(s) <= n else "…" + s[-(n - 1):]  # the tail of a log says the most
 
 
-# Which probe level a check belongs to, by its name (envbuild.probe: a verdict at level L holds
-# the checks of every level up to L). A check may also carry its own "level".
-_ENV_CHECKS = {"python", "import-torch", "torch-version", "torch-cuda", "cxx11-abi", "engine-version",
-               "verl-version", "cudnn", "nccl", "pip-check"}
-
-
-def _check_level(c: Check) -> str | None:
-    if c.level in LEVELS:
-        return c.level
-    name = c.name
-    if name.startswith("gpu:"):
-        return "gpu"
-    if name.startswith(("import:", "api:", "native")) or name == "verl-modules":
-        return "contract"
-    if name in _ENV_CHECKS:
-        return "env"
-    return None  # unknown (e.g. "probe" = the probe itself broke): counts against every level
-
-
 def expand_verdict(key: str, v: Verdict) -> dict[str, Verdict]:
     """{level: Verdict} for one probe verdict, which covers every level up to its own.
 
@@ -70,10 +51,10 @@ def expand_verdict(key: str, v: Verdict) -> dict[str, Verdict]:
     upto = levels_upto(level)
     if v.status == PASS or not v.checks or v.status not in (FAIL, NEEDS_GPU, ERROR, TIMEOUT):
         return {lv: v for lv in upto}
-    loose = [c for c in v.checks if _check_level(c) is None and c.problem]
+    loose = [c for c in v.checks if c.level is None and c.problem]  # written outside a level: counts against all
     out = {}
     for lv in upto:
-        mine = [c for c in v.checks if _check_level(c) == lv]
+        mine = [c for c in v.checks if c.level == lv]  # the level the probe stamped (Check.from_dict types it)
         bad = [c for c in mine + loose if c.problem]
         if not mine and not loose:
             out[lv] = v if lv == level else Verdict(lv, v.status, v.cause)

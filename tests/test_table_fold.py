@@ -106,11 +106,11 @@ def _probe_verdict(level, checks):
 
     v = Verdict(level=level, engine="vllm")
     for name, status, cause in checks:
-        # The probe stamps each check with the level running it (Verdict.at_level); a probe
-        # without that stamp is read by the check's name.
-        own = "gpu" if name.startswith("gpu:") else "contract" if name.startswith(("import:", "api:", "native")) \
-            or name == "verl-modules" else "env"
-        with (v.at_level(own) if hasattr(v, "at_level") else _nothing()):
+        # The probe stamps each check with the level running it (Verdict.at_level); "probe" (the
+        # probe itself broke, between levels) has none.
+        own = None if name == "probe" else "gpu" if name.startswith("gpu:") else "contract" \
+            if name.startswith(("import:", "api:", "native")) or name == "verl-modules" else "env"
+        with (v.at_level(own) if own else _nothing()):
             v.add(name, status, f"{name} said {status}", cause)
     return v.to_dict()
 
@@ -154,6 +154,20 @@ def test_real_needs_gpu_contract_leaves_env_verified_only():
     row = fold_combo([rec(C, {"contract": v}, img=image(C), run=1)])
     assert row["levels"]["contract"]["status"] == "needs-gpu" and row["best_level"] == "env"
     assert row["failure"] is None
+
+
+def test_a_check_without_a_level_counts_against_every_level_whatever_its_name():
+    """The fold reads the level a check carries, never one guessed from its name (issue 51): a
+    failing `gpu:` check that came without one proves nothing about which level failed."""
+    v = _probe_verdict("gpu", ENV_OK + CONTRACT_OK + [("gpu:rollout", "fail", "rollout-failed")])
+    row = fold_combo([rec(C, {"gpu": v}, img=image(C), run=1)])
+    assert row["levels"]["env"]["status"] == "pass" and row["levels"]["gpu"]["status"] == "fail"
+    for c in v["checks"]:
+        if c["name"] == "gpu:rollout":
+            del c["level"]
+    row = fold_combo([rec(C, {"gpu": v}, img=image(C), run=1)])
+    assert row["levels"]["env"]["status"] == row["levels"]["contract"]["status"] == "fail"
+    assert row["best_level"] is None and row["status"] == "broken"
 
 
 def test_probe_crash_counts_against_every_level_but_is_no_verdict():
