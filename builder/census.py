@@ -34,9 +34,9 @@ from .lockmodel import ordered_wheel_tags
 from .lockfile import pins_of
 from .matrix import matrix_from_args
 from .expand import plan_from_args
-from .outcome import Verdict, exit_of_records, lock_record_status
+from .outcome import OK, RECORD_ERROR, RECORD_FAIL, Verdict, exit_of_records, lock_record_status
 from .paths import cache_dir
-from .probe.vocab import ENGINE, dist_of
+from .probe.vocab import ENGINE, FAIL, dist_of
 from .probe_exec import probe_code_hash
 from .record import CENSUS, Record, machine_info, write_record
 from .selector import add_selector_args
@@ -104,7 +104,7 @@ class Census:
 
     def one(self, c) -> Record:
         t0 = time.monotonic()
-        rec = Record(combo=c.to_dict(), stage="lock", status="ok", machine=machine_info(),
+        rec = Record(combo=c.to_dict(), stage="lock", status=OK, machine=machine_info(),
                      place={"kind": CENSUS})
         res = self.locker.lock(c)
         rec.lock_hash = res.lock_hash
@@ -124,7 +124,7 @@ class Census:
                     raise InfraError("missing-wheel", f"{name}=={version}: no wheel the lock's hashes allow")
                 files.append(f)
         except (InfraError, KeyError) as e:
-            rec.status, rec.cause = "error", getattr(e, "cause", "missing-pin")
+            rec.status, rec.cause = RECORD_ERROR, getattr(e, "cause", "missing-pin")
             rec.detail = str(e)
             return rec
         key = hashlib.sha256(json.dumps([c.engine, [f["hashes"]["sha256"] for f in files], probe_code_hash()])
@@ -144,8 +144,8 @@ class Census:
         rec.place = {"kind": CENSUS, "wheels": {f["filename"]: f["hashes"]["sha256"] for f in files},
                      "reused": reused, "read": "verl, the engine and transformers from their wheels; torch not read"}
         # Only a core failure condemns the row; one that only opted-in runs reach is a caveat (scope).
-        failing = [ch for ch in rec.probe["contract"].checks if ch.status == "fail" and ch.problem]
-        rec.status = "fail" if failing else "ok"
+        failing = [ch for ch in rec.probe["contract"].checks if ch.status == FAIL and ch.problem]
+        rec.status = RECORD_FAIL if failing else OK
         if failing:
             rec.cause, rec.detail = failing[0].cause or "static", failing[0].detail[:2000]
         rec.timings = {"lock": round(t1 - t0, 3), "static": round(time.monotonic() - t1, 3)}
@@ -167,7 +167,7 @@ def add_arguments(p) -> None:
 def _first_finding(rec) -> str:
     """What a failing census found, with its file:line (the check's detail leads with it), or the
     resolver's first line; "" for a pass."""
-    if rec.status != "fail":
+    if rec.status != RECORD_FAIL:
         return ""
     for v in rec.probe.values():
         if v.failing and v.first_detail():

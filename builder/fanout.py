@@ -27,7 +27,8 @@ from pathlib import Path
 from .docker import Engine
 from .errors import EnvbuildError, InfraError, InputError
 from .expand import plan_from_args
-from .outcome import Verdict, exit_of_records, unwritten
+from .outcome import RECORD_ERROR, Verdict, exit_of_records, unwritten
+from .probe.vocab import ERROR
 from .probe_exec import DEFAULT_TIMEOUT
 from .probe_run import CONTAINER_PREFIX, ProbeJob, jobs_from_results, probe_levels, record_probe
 from .selector import add_selector_args
@@ -59,7 +60,7 @@ def write_outcome(results: str | os.PathLike, o: Outcome):
         detail = (f"no verdict after {len(o.attempts)} attempt(s); each lost its worker or node "
                   "(infrastructure, not a verdict on the stack): ")
         detail += "; ".join(f"#{i + 1} on {a.node or '?'} ({a.host or '?'}): {a.detail}" for i, a in enumerate(o.attempts))
-        return record_probe(results, o.job, {}, machine=o.machine, extra_detail=detail, status="error",
+        return record_probe(results, o.job, {}, machine=o.machine, extra_detail=detail, status=RECORD_ERROR,
                             cause="node-lost")
     extra = ""
     if lost:
@@ -216,7 +217,7 @@ def fan_out(address: str, jobs: list[ProbeJob], levels: list[str], results: str 
                     where = where_started(key)
                     o.attempts.append(Attempt(where[0], where[1], "error", str(e).splitlines()[-1][:500]))
                     o.verdicts = {levels[0]: Verdict.of(unwritten(levels[0], jobs[i].combo.get("engine"),
-                                                                  jobs[i].target().expect, "error", "probe-crash",
+                                                                  jobs[i].target().expect, ERROR, "probe-crash",
                                                                   str(e)), levels[0])}
                     records.append(_done(results, o, say))
                     continue
@@ -235,7 +236,7 @@ def fan_out(address: str, jobs: list[ProbeJob], levels: list[str], results: str 
                     continue
                 got = {lv: Verdict.of(v, lv) for lv, v in res["verdicts"].items()}
                 bad_node = next((v for v in got.values()
-                                 if v.status == "error" and v.cause in RETRIABLE_VERDICT_CAUSES), None)
+                                 if v.status == ERROR and v.cause in RETRIABLE_VERDICT_CAUSES), None)
                 if bad_node is not None and len(o.attempts) < retries:
                     o.attempts.append(Attempt(res["node"], res["host"], "error", bad_node.cause))
                     lost_nodes[i].append(res["node"])

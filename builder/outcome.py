@@ -45,7 +45,7 @@ def exit_of_records(statuses, *, incomplete: bool = False) -> int:
 
 # ---------------------------------------------------------------- locks
 
-LOCK_OK = "ok"
+LOCK_OK = OK
 LOCK_VERDICTS = ("unsatisfiable", "needs-build")  # the stack cannot be installed as asked
 LOCK_INFRA = ("index-unreachable", "lock-error", "metadata-missing")
 
@@ -64,7 +64,7 @@ def exit_of_lock(status: str) -> int:
 # ---------------------------------------------------------------- verdicts
 
 # Check statuses that do not explain a non-passing verdict: the caveats go on the row instead.
-NOT_A_PROBLEM = (None, "ok", *VOCAB_NOT_A_PROBLEM)  # vocab's set, and a record's "ok" / no status
+NOT_A_PROBLEM = (None, OK, *VOCAB_NOT_A_PROBLEM)  # vocab's set, and a record's "ok" / no status
 
 
 def exit_of_verdict(status: str) -> int:
@@ -194,17 +194,17 @@ def push_probe_outcome(push, probe) -> tuple[str, str, str | None, str]:
         p_status, p_cause, p_detail = record_status(probe[1])
         p_said = "probe: " + ", ".join(f"{lv} {Verdict.of(v).status}" for lv, v in probe[1].items())
     elif probe:
-        p_status, p_cause, p_detail = "error", probe[1], probe[2]
+        p_status, p_cause, p_detail = RECORD_ERROR, probe[1], probe[2]
         p_said = f"probe: error {probe[1]}: {probe[2]}"
     else:
         p_status = p_cause = p_detail = p_said = None
-    push_failed = bool(push) and push[0] == "error"
-    if p_status == "fail":
+    push_failed = bool(push) and push[0] == RECORD_ERROR
+    if p_status == RECORD_FAIL:
         also = f"\npush failed as well ({push[1]}): {push[2]}" if push_failed else ""
-        return "probe", "fail", p_cause, (p_detail + also)[:4000]
+        return "probe", RECORD_FAIL, p_cause, (p_detail + also)[:4000]
     if push_failed:
         also = f"\n{p_said} (kept in this record's probe)" if p_said else ""
-        return "push", "error", push[1], (push[2] + also)[:4000]
+        return "push", RECORD_ERROR, push[1], (push[2] + also)[:4000]
     if p_status is not None:
         return "probe", p_status, p_cause, p_detail
-    return "build", "ok", None, ""
+    return "build", OK, None, ""

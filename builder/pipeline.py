@@ -39,7 +39,7 @@ from .fsutil import write_atomic
 from .image import build_labels
 from .index_config import torch_index_url
 from .background import Background, BaseFutures
-from .outcome import lock_record_status, push_probe_outcome
+from .outcome import LOCK_OK, OK, RECORD_ERROR, lock_record_status, push_probe_outcome
 from .probe_exec import expect_of
 from .probe_run import Target, VerdictCache, probe_levels
 from .progress import PlainProgress
@@ -116,15 +116,15 @@ class Builder:
 
         o, cid = self.o, combo.id
         timings: dict[str, float] = {}
-        rec = Record(combo=combo.to_dict(), stage="lock", status="error")
+        rec = Record(combo=combo.to_dict(), stage="lock", status=RECORD_ERROR)
         logrel = f"logs/{cid}.log"
         log_path = o.results / logrel
 
         def finish(stage, status, cause=None, detail=""):
-            if self.stop.is_set() and status != "ok":
+            if self.stop.is_set() and status != OK:
                 self.progress.update(cid, "interrupted")
                 return None
-            if stage in ("lock", "render") and status != "ok" and detail:
+            if stage in ("lock", "render") and status != OK and detail:
                 # The summary points every failure at logs/: one before the build has no BuildKit
                 # log, so its own message is the log (a lock's is uv's whole answer).
                 try:
@@ -134,7 +134,7 @@ class Builder:
                     pass  # an unwritable log never hides the verdict
             rec.stage, rec.status, rec.cause, rec.detail, rec.timings = stage, status, cause, detail, timings
             write_record(o.results, rec)
-            self.progress.update(cid, status if status != "ok" else ("reused" if (rec.image or {}).get("reused") else "ok"),
+            self.progress.update(cid, status if status != OK else ("reused" if (rec.image or {}).get("reused") else OK),
                                  f"{cause}" if cause else "")
             return rec
 
@@ -145,9 +145,9 @@ class Builder:
             lr = self.lock_fn(combo, o.results / "locks")
         except InfraError as e:
             timings["lock"] = time.monotonic() - t
-            return finish("lock", "error", e.cause, str(e))
+            return finish("lock", RECORD_ERROR, e.cause, str(e))
         timings["lock"] = round(time.monotonic() - t, 3)
-        if lr.status != "ok":
+        if lr.status != LOCK_OK:
             return finish("lock", lock_record_status(lr.status), lr.status, lr.detail)
         rec.lock_hash = lr.lock_hash
         rec.lock_notes = {k: list(getattr(lr, k, None) or []) for k in ("relaxed", "built_from_source")
@@ -159,14 +159,14 @@ class Builder:
             base = self._await_base(combo)
             timings["base_wait"] = round(time.monotonic() - t, 3)
             if base is None:
-                return finish("render", "error", "interrupted")
+                return finish("render", RECORD_ERROR, "interrupted")
             self.progress.update(cid, "rendering")
             rec.base = base.to_dict()  # what it was built on (the combination keeps what was planned)
             rendered = self.render_fn(combo, lr, base, o.results / "contexts")
         except InfraError as e:
-            return finish("render", "error", e.cause, str(e))
+            return finish("render", RECORD_ERROR, e.cause, str(e))
         except EnvbuildError as e:
-            return finish("render", "error", "render-error", str(e))
+            return finish("render", RECORD_ERROR, "render-error", str(e))
         timings["render"] = round(time.monotonic() - t, 3)
         chash = rendered.content_hash
         # Per platform: the id (the plain tag for the default platform); the plain tag of several
@@ -177,7 +177,7 @@ class Builder:
 
         # 3. build, unless this content is already built (locally or in the registry)
         if self.stop.is_set():
-            return finish("render", "error", "interrupted")
+            return finish("render", RECORD_ERROR, "interrupted")
         t = time.monotonic()
         local = not o.rebuild and self.engine.image_exists(content_ref)
         remote = not o.rebuild and not local and o.in_registry and self.engine.registry_has(content_ref)
@@ -189,7 +189,7 @@ class Builder:
                     self.engine.pull(content_ref)
                     local = True
                 except InfraError as e:
-                    return finish("build", "error", "daemon-error", str(e))
+                    return finish("build", RECORD_ERROR, "daemon-error", str(e))
             if local:
                 self.engine.tag(content_ref, readable_ref)
         else:
@@ -205,7 +205,7 @@ class Builder:
                                             platform=combo.platform if combo.platform != host_platform() else None,
                                             no_cache=o.no_cache, log_path=log_path, timeout=o.timeout, on_line=tracker, stop=self.stop)
             except InfraError as e:
-                return finish("build", "error", e.cause, str(e))
+                return finish("build", RECORD_ERROR, e.cause, str(e))
             rec.log = logrel
             timings["build"] = round(res.seconds, 3)
             if res.interrupted or self.stop.is_set():
@@ -244,15 +244,15 @@ class Builder:
             if pusher:
                 ok, val = pusher.join()
                 if ok:
-                    push_out = ("ok", val)
+                    push_out = (OK, val)
                 elif isinstance(val, InfraError):
-                    push_out = ("error", "daemon-error", str(val))
+                    push_out = (RECORD_ERROR, "daemon-error", str(val))
                 elif isinstance(val, Exception):
-                    push_out = ("error", "internal-error", f"{type(val).__name__}: {val}")
+                    push_out = (RECORD_ERROR, "internal-error", f"{type(val).__name__}: {val}")
                 else:  # KeyboardInterrupt, SystemExit: not the push's outcome to record
                     raise val
                 timings["push"] = round(pusher.seconds, 3)
-        if push_out and push_out[0] == "ok":
+        if push_out and push_out[0] == OK:
             rep = push_out[1]
             rec.image["digest"] = rep if isinstance(rep, str) else rep.digest
             if not isinstance(rep, str):
@@ -282,9 +282,9 @@ class Builder:
                                              cache=self.verdict_cache, run_id=rec.run_id,
                                              on_level=lambda lv: self.progress.step(combo.id, f"probe {lv}")))
         except InfraError as e:
-            return ("error", e.cause, str(e))
+            return (RECORD_ERROR, e.cause, str(e))
         except EnvbuildError as e:
-            return ("error", "probe-error", str(e))
+            return (RECORD_ERROR, "probe-error", str(e))
 
     def _secret_values(self, lr) -> dict[str, str]:
         vals = {}
@@ -343,10 +343,10 @@ def _guarded(builder: Builder, combo):
     try:
         return builder.build_one(combo)
     except Exception as e:  # noqa: BLE001 - recorded, not swallowed
-        rec = Record(combo=combo.to_dict(), stage="build", status="error", cause="internal-error",
+        rec = Record(combo=combo.to_dict(), stage="build", status=RECORD_ERROR, cause="internal-error",
                      detail=f"{type(e).__name__}: {e}")
         write_record(builder.o.results, rec)
-        builder.progress.update(combo.id, "error", rec.detail)
+        builder.progress.update(combo.id, RECORD_ERROR, rec.detail)
         return rec
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .errors import InputError
 from .outcome import unwritten
-from .probe.vocab import ENGINES, EXPECT_KEYS, FAIL, LEVELS, TIMEOUT, expect_argv
+from .probe.vocab import ENGINES, ERROR, EXPECT_KEYS, FAIL, LEVELS, TIMEOUT, expect_argv
 
 IMAGE_PROBE_PARENT = "/opt/envbuild"
 PROBE_MODULE = "envbuild_probe"
@@ -36,7 +36,7 @@ PROBE_SRC = Path(__file__).resolve().parent / "probe"
 # Seconds per level: imports of a big stack take a minute on a slow disk; an engine start takes more.
 DEFAULT_TIMEOUT = {"env": 300.0, "contract": 600.0, "gpu": 900.0}
 EXIT_GRACE = 60.0  # seconds a probe whose levels all ended has to exit
-STOP = (FAIL, TIMEOUT, "error")  # a level with this status ends the run: later levels build on it
+STOP = (FAIL, TIMEOUT, ERROR)  # a level with this status ends the run: later levels build on it
 
 
 # ---------------------------------------------------------------- what the probe checks
@@ -130,9 +130,9 @@ def _finish(out_json: Path, rc: int | None, out: str, err: str, wall: float, lev
         try:
             v = json.loads(out_json.read_text())
         except (OSError, json.JSONDecodeError) as e:
-            v = unwritten(level, engine, expect, "error", "bad-verdict", f"unreadable verdict: {e}")
+            v = unwritten(level, engine, expect, ERROR, "bad-verdict", f"unreadable verdict: {e}")
     else:
-        v = unwritten(level, engine, expect, "error", "no-verdict",
+        v = unwritten(level, engine, expect, ERROR, "no-verdict",
                     f"probe exited {rc} without a verdict:\n{(out + err)[-1500:]}")
     v["runner"] = {**runner, "exit_code": rc, "wall_seconds": round(wall, 3), "timeout": timeout,
                    "stderr_tail": err[-3000:]}

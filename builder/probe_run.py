@@ -33,6 +33,7 @@ from .errors import EnvbuildError
 from .fsutil import write_json_atomic
 from .outcome import Verdict, record_status, unwritten
 from .paths import cache_dir
+from .probe.vocab import ERROR, FAIL, NEEDS_GPU, PASS
 from .probe_exec import (DEFAULT_TIMEOUT, IMAGE_PROBE_DIR, IMAGE_PROBE_PARENT, IMAGE_PYTHON, PROBE_SRC, STOP, _finish,
                          _launcher, _run, _run_levels, expect_of, probe_args, probe_code_hash)
 from .record import Record, iter_records, latest, machine_info, write_record
@@ -136,7 +137,7 @@ def _docker_failed(rc: int | None, out: str, err: str, wrote: bool, level: str, 
                    runner: dict) -> dict | None:
     """docker itself failed (no such image, daemon error): infrastructure, not a verdict."""
     if rc == 125 or (rc in (126, 127) and not wrote):
-        v = unwritten(level, engine, expect, "error", "docker-error", (err or out)[-2000:])
+        v = unwritten(level, engine, expect, ERROR, "docker-error", (err or out)[-2000:])
         v["runner"] = {**runner, "exit_code": rc}
         return v
     return None
@@ -157,7 +158,7 @@ def probe_image(image: str, *, level: str, engine: str, expect: dict, timeout: f
                              mount_probe=mount_probe, python=python, pull=pull, jit_dir=jit_dir)
             rc, out, err, wall = _run(cmd, timeout, None, lambda _p: eng.kill(name))
         except FileNotFoundError as e:
-            return unwritten(level, engine, expect, "error", "no-docker", f"{eng.client}: {e}")
+            return unwritten(level, engine, expect, ERROR, "no-docker", f"{eng.client}: {e}")
         runner = {"mode": "image", "image": image, "cmd": cmd, **({"jit_cache": jit} if jit else {})}
         failed = _docker_failed(rc, out, err, (Path(tmp) / "verdict.json").exists(), level, engine, expect, runner)
         return failed or _finish(Path(tmp) / "verdict.json", rc, out, err, wall, level, engine, expect, timeout,
@@ -188,7 +189,7 @@ def probe_image_levels(image: str, *, levels, engine: str, expect: dict, timeout
             cmd += ["--levels-dir", "/out/levels", "--stop-at-failure"]
             rc, out, err, ends, wall = _run_levels(cmd, levels, limits, ldir, on_level, lambda _p: eng.kill(name))
         except FileNotFoundError as e:
-            return {levels[0]: unwritten(levels[0], engine, expect, "error", "no-docker", f"{eng.client}: {e}")}
+            return {levels[0]: unwritten(levels[0], engine, expect, ERROR, "no-docker", f"{eng.client}: {e}")}
         runner = {"mode": "image", "image": image, "cmd": cmd, "levels_in_run": levels,
                   **({"jit_cache": jit} if jit else {})}
         failed = _docker_failed(rc, out, err, any(ldir.iterdir()), levels[0], engine, expect, runner)
@@ -226,7 +227,7 @@ class VerdictCache:
     """Verdicts by reuse key, in the user's cache dir. Only verdicts of the stack (pass, fail,
     needs-gpu) are kept: an error or a timeout may be the machine's and is always run again."""
 
-    KEEP = ("pass", "fail", "needs-gpu")
+    KEEP = (PASS, FAIL, NEEDS_GPU)
 
     def __init__(self, root: Path | None = None):
         self.root = Path(root) if root else cache_dir() / "verdicts"
