@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from .expand import plan_from_args
+from .outcome import RECORD_FAIL
 from .probe.vocab import ENGINE
 from .selector import add_selector_args
 
@@ -31,7 +32,7 @@ def condemned(results: str) -> set[str]:
             cid = r.combo.get("id")
             if cid not in newest or r.run_id > newest[cid].run_id:
                 newest[cid] = r
-    return {cid for cid, r in newest.items() if r.status == "fail"}
+    return {cid for cid, r in newest.items() if r.status == RECORD_FAIL}
 
 
 def add_arguments(p) -> None:

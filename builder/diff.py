@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 
 from .errors import UsageError
 from .row import Entry, Row, Table
-from .probe.vocab import FAILING, LEVELS, NOT_RUN, PASS, UNDECIDED
+from .probe.vocab import FAIL, FAILING, LEVELS, NOT_RUN, PASS, UNDECIDED
 
 STAGES = ("build", *LEVELS)  # what a row says per stage: its build, then each probe level
 
@@ -122,11 +122,11 @@ def _scope_changes(d: Diff, cid: str, ra: Row, rb: Row) -> None:
     for sc in sorted(rb.scopes.keys() - ra.scopes.keys()):
         if not was_broken:
             e = rb.scopes[sc]
-            d.changes.append(Change("regression", cid, f"scope {sc}", PASS, "fail", None,
+            d.changes.append(Change("regression", cid, f"scope {sc}", PASS, FAIL, None,
                                     ",".join(e.get("checks") or []) or sc, str(e.get("detail") or "")[:600]))
     for sc in sorted(ra.scopes.keys() - rb.scopes.keys()):
         if rb.status != "broken":
-            d.changes.append(Change("fixed", cid, f"scope {sc}", "fail", PASS, sc, None, ""))
+            d.changes.append(Change("fixed", cid, f"scope {sc}", FAIL, PASS, sc, None, ""))
 
 
 # ---------------------------------------------------------------- rendering

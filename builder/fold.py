@@ -22,7 +22,7 @@ import time
 
 from . import drivers
 from .fsutil import safe_name
-from .outcome import Verdict
+from .outcome import OK, RECORD_ERROR, RECORD_FAIL, Verdict
 from .record import is_census, is_in_place, is_placed
 from .values import combo_id, combo_tag
 from .row import Combo, Entry, Failure, HistoryEntry, Image, Row, parse_pinned, parse_utc
@@ -101,11 +101,11 @@ def _row_status(levels: dict[str, Entry], build: Entry, pinned, has_image: bool)
     """(status, best_level) - the rule in this module's docstring."""
     best = None
     for level in LEVELS:
-        if levels[level].status != "pass":
+        if levels[level].status != PASS:
             break
         best = level
     failed = any(is_failing(levels[lv].status) for lv in LEVELS)
-    if failed or (build.status == "fail" and not has_image):
+    if failed or (build.status == FAIL and not has_image):
         status = "broken"
     elif best and pinned:
         status = "verified"
@@ -176,11 +176,11 @@ def fold_combo(records: list) -> Row:
         # Build outcome: an image means the build passed; a "fail" before the probe stage is
         # a verdict that the stack cannot be built; "error" is infrastructure, history only.
         if r.image and (r.image.get("id") or r.image.get("digest")):
-            build = Entry("pass", None, "", r.run_id, r.created)
-        elif r.status == "fail" and r.stage in ("lock", "render", "build"):
-            build = Entry("fail", r.cause, _short(r.detail), r.run_id, r.created, stage=r.stage)
-        elif r.status == "error":
-            last_build_any = Entry("error", r.cause, _short(r.detail), r.run_id, r.created, stage=r.stage)
+            build = Entry(PASS, None, "", r.run_id, r.created)
+        elif r.status == RECORD_FAIL and r.stage in ("lock", "render", "build"):
+            build = Entry(FAIL, r.cause, _short(r.detail), r.run_id, r.created, stage=r.stage)
+        elif r.status == RECORD_ERROR:
+            last_build_any = Entry(ERROR, r.cause, _short(r.detail), r.run_id, r.created, stage=r.stage)
         history.append(HistoryEntry(r.run_id, r.created, r.stage, r.status, r.cause,
                                     (r.image or {}).get("digest") or (r.image or {}).get("ref"),
                                     hist_levels, r.machine.get("gpu")))
@@ -298,10 +298,10 @@ def _census(recs: list) -> dict:
     if not recs:
         return {}
     r = max(recs, key=lambda x: x.run_id)
-    status = {"ok": "pass", "fail": "broken"}.get(r.status, "error")
+    status = {OK: PASS, RECORD_FAIL: "broken"}.get(r.status, ERROR)
     out = {"status": status, "run_id": r.run_id, "created": r.created, "lock_hash": r.lock_hash,
            "stage": r.stage, "reused": bool((r.place or {}).get("reused"))}
-    if status != "pass":
+    if status != PASS:
         out.update(cause=r.cause or r.status, detail=_short(r.detail))
     return out
 
@@ -394,7 +394,7 @@ def fold(records, refused: list[str] | None = None) -> list[Row]:
     # A combination whose every record is an infrastructure error (an index that did not answer,
     # a daemon that was down) says nothing about the stack: it is not a row of the table.
     return [fold_combo(by_combo[c]) for c in sorted(by_combo)
-            if by_combo[c] and not all(r.status == "error" and not r.image for r in by_combo[c])]
+            if by_combo[c] and not all(r.status == RECORD_ERROR and not r.image for r in by_combo[c])]
 
 
 def made_here(r) -> bool:

@@ -26,6 +26,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 
 from .errors import INFRA, EnvbuildError, InfraError, InputError, TrustError
+from .outcome import RECORD_ERROR
 from .progress import Progress
 from .fsutil import write_json_atomic
 from .lockfile import parse_lock, pins_of
@@ -350,6 +351,6 @@ def record_in_place(results: str, row: dict, level: str, verdict: dict, python_e
 def record_refusal(results: str, row: dict, why: str) -> None:
     from .record import Record, machine_info, write_record
 
-    write_record(results, Record(combo=row["combo"], stage="probe", status="error", cause="host-mismatch",
+    write_record(results, Record(combo=row["combo"], stage="probe", status=RECORD_ERROR, cause="host-mismatch",
                                  detail=why, lock_hash=row.get("lock_hash"), machine=machine_info(),
                                  place={"kind": "in-place", "host": platform.node(), "refused": why}))

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from . import drivers
 from .row import Row, Table, parse_pinned
 from .selector import Selectors, from_flags, version_matches
-from .probe.vocab import DECISIVE, FAILING, LEVELS, PASS, level_rank
+from .probe.vocab import DECISIVE, ERROR, FAILING, LEVELS, PASS, level_rank
 from .probe.features import model_types, scope_flag
 from .probe.hardware import DEFAULT_PLATFORM
 
@@ -242,7 +242,7 @@ def why_not(row: Row, a: Ask) -> str:
         return f"broken at {f.level if f else None}: {f.cause if f else None}{d}"
     if st == "untested":
         undecided = [_state(k, v) for k, v in row.levels.items() if v.status != "not-run"]
-        if row.build.status == "error":
+        if row.build.status == ERROR:
             undecided.insert(0, f"build error ({row.build.cause})")
         what = ", ".join(undecided) or "never probed"
         return f"no verdict yet: {what}; infrastructure errors and needs-gpu are not verdicts"

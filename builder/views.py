@@ -16,7 +16,7 @@ from functools import lru_cache
 from . import drivers
 from .query import Ask, Facts, cells, facts, rank_key
 from .row import STATUSES, TABLE_PAYLOAD_TYPE, Row, Table
-from .probe.vocab import ENGINE_SPECS, LEVELS, level_rank
+from .probe.vocab import ENGINE_SPECS, ERROR, FAIL, LEVELS, NEEDS_GPU, PASS, level_rank
 from .probe.features import FEATURE_SPECS
 from .probe.hardware import DEFAULT_PLATFORM, PLATFORMS, gpu_names, parse_variant
 
@@ -147,10 +147,10 @@ def _md(s: object) -> str:
 def _cause(r: Row) -> str:
     if r.failure:
         return f"{r.failure.level}: {r.failure.cause}"
-    if r.build.status == "fail":
+    if r.build.status == FAIL:
         return f"rebuild fails: {r.build.cause}"
-    undecided = [f"{k}: {v.cause or v.status}" for k, v in r.levels.items() if v.status in ("error", "needs-gpu")]
-    if r.build.status == "error":
+    undecided = [f"{k}: {v.cause or v.status}" for k, v in r.levels.items() if v.status in (ERROR, NEEDS_GPU)]
+    if r.build.status == ERROR:
         undecided.insert(0, f"build error (not a verdict): {r.build.cause}")
     return "; ".join(undecided)
 
@@ -197,7 +197,7 @@ def census_text(r: Row) -> str:
     c = r.census or {}
     if not c:
         return ""
-    if c.get("status") == "pass":
+    if c.get("status") == PASS:
         return f"pass ({c.get('created') or c.get('run_id')})"
     return f"{c.get('status')}: {c.get('cause')}"
 
