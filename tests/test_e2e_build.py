@@ -8,10 +8,10 @@ Run: pytest -m "docker and network and slow" tests/test_e2e_build.py   (~10-20 m
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
-import posixpath
 import re
 import shutil
 import subprocess
@@ -74,16 +74,21 @@ def host_only_certs(engine, image: str, bundle: Path) -> list[bytes]:
     return [b"".join(m.split()) for m in PEM_RE.findall(bundle.read_bytes()) if b"".join(m.split()) not in mine]
 
 
-def scan_layers(engine, images: list[str], needles: list[bytes]) -> dict[str, dict[str, int]]:
-    """Stream ONE `docker save` of the images (a layer they share is written once, so read and
-    searched once) and search every file of every layer (and each config) for each needle:
-    {image: {needle[:40]: hits in that image's layers, config and the archive's own files}}."""
+def scan_layers(images: list[str], needles: list[bytes]) -> dict[str, dict[str, int]]:
+    """Stream what the registry serves for each pushed image (`repo@sha256:...`): its manifest,
+    its config (env, labels, history) and every file of every layer blob, each blob read once
+    however many images share it, and search them for each needle:
+    {image: {needle[:40]: hits in that image's manifest, config and layers}}.
+
+    Read from the registry, not `docker save`: it is what a user pulls, and Docker 20.10's save
+    stages every image in /var/lib/docker/tmp first (two images here are ~10 GB of a shared disk;
+    a CI run whose save failed read an empty stream)."""
+    from envbuild.push import MANIFEST_TYPES
+
     longest = max(len(n) for n in needles)
-    proc = subprocess.Popen([engine.client, "save", *images], stdout=subprocess.PIPE)
-    outer = tarfile.open(fileobj=proc.stdout, mode="r|")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     nfiles = 0
-    found: dict[str, dict[str, int]] = {}  # archive member (a layer.tar, a config) -> hits in it
-    manifest = None
+    found: dict[str, dict[str, int]] = {}  # blob digest -> hits in it
 
     def search(f, hits):
         nonlocal nfiles
@@ -101,42 +106,53 @@ def scan_layers(engine, images: list[str], needles: list[bytes]) -> dict[str, di
                     hits[n.decode(errors="replace")[:40]] += 1
             carry = buf[-(longest * 2):]
 
-    links: dict[str, str] = {}  # a layer saved before is a symlink to its first copy
-    for m in outer:
-        if m.issym():
-            links[m.name] = posixpath.normpath(posixpath.join(posixpath.dirname(m.name), m.linkname))
-        if not m.isfile():
-            continue
-        hits = found.setdefault(m.name, {n.decode(errors="replace")[:40]: 0 for n in needles})
-        f = outer.extractfile(m)
-        if m.name.endswith("layer.tar"):
-            inner = tarfile.open(fileobj=f, mode="r|")
-            for im in inner:
-                if im.isfile():
-                    search(inner.extractfile(im), hits)
-        elif m.name == "manifest.json":
-            raw = f.read()
-            manifest = json.loads(raw)
-            search(io.BytesIO(raw), hits)
-        else:
-            search(f, hits)  # image configs (env, labels, history), repositories
-    proc.wait()
-    assert proc.returncode == 0
-    assert nfiles > 1000, f"scanned only {nfiles} files of {images}: not real images?"
-    assert manifest is not None, "docker save wrote no manifest.json"
+    class Hashed:  # the blob's bytes as read, so a short or wrong stream is caught, never skipped
+        def __init__(self, f):
+            self.f, self.h, self.n = f, hashlib.sha256(), 0
+
+        def read(self, size=-1):
+            b = self.f.read(size)
+            self.h.update(b)
+            self.n += len(b)
+            return b
+
     out: dict[str, dict[str, int]] = {}
-    own = {name for e in manifest for name in (e["Config"], *e["Layers"])}
-    common = [name for name in found if name not in own]  # manifest.json, repositories: every image's
     for image in images:
-        entry = next((e for e in manifest if image in (e.get("RepoTags") or [])), None)
-        assert entry is not None, f"{image} is not in the manifest of `docker save`: {manifest}"
-        total = dict.fromkeys(found[common[0]] if common else (n.decode(errors="replace")[:40] for n in needles), 0)
-        for name in (entry["Config"], *entry["Layers"], *common):
-            name = links.get(name, name)
-            assert name in found, f"{name} of {image} was not in the archive"
-            for k, c in found[name].items():
+        name, digest = image.split("@", 1)
+        host, repo = name.split("/", 1)
+        req = urllib.request.Request(f"http://{host}/v2/{repo}/manifests/{digest}", headers={"Accept": MANIFEST_TYPES})
+        raw = opener.open(req, timeout=30).read()
+        assert "sha256:" + hashlib.sha256(raw).hexdigest() == digest, f"{image}: the registry served another manifest"
+        manifest = json.loads(raw)
+        blobs = [("manifest", digest, None), ("config", manifest["config"]["digest"], None),
+                 *(("layer", la["digest"], la["mediaType"]) for la in manifest["layers"])]
+        assert len(blobs) > 3, manifest
+        for kind, dig, media in blobs:
+            if dig in found:
+                continue
+            hits = found[dig] = {n.decode(errors="replace")[:40]: 0 for n in needles}
+            if kind == "manifest":
+                search(io.BytesIO(raw), hits)
+                continue
+            with opener.open(f"http://{host}/v2/{repo}/blobs/{dig}", timeout=600) as resp:
+                f = Hashed(resp)
+                if kind == "config":
+                    search(f, hits)
+                else:
+                    assert not (media or "").endswith("zstd"), f"{image}: {media} layers are not read here"
+                    with tarfile.open(fileobj=f, mode="r|*") as inner:  # plain tar or gzip
+                        for im in inner:
+                            if im.isfile():
+                                search(inner.extractfile(im), hits)
+                    while f.read(1 << 20):  # the tar's padding after its end-of-archive blocks
+                        pass
+                assert "sha256:" + f.h.hexdigest() == dig, f"{image}: blob {dig} read as {f.n} bytes of another digest"
+        total = {n.decode(errors="replace")[:40]: 0 for n in needles}
+        for _, dig, _ in blobs:
+            for k, c in found[dig].items():
                 total[k] += c
         out[image] = total
+    assert nfiles > 1000, f"scanned only {nfiles} files of {images}: not real images?"
     return out
 
 
@@ -252,7 +268,7 @@ def test_build_push_pull_and_no_secret_in_layers(services, base, tmp_path):
             assert all(n.decode() not in hist.replace("\n", "") for n in needles)
         # a positive control: the torch lock's header is in a layer, so the scan does read files
         control = b"# envbuild layer torch:"
-        scanned = scan_layers(engine, [vllm.image["ref"], hf.image["ref"]], [control, *needles])
+        scanned = scan_layers([vllm.image["digest"], hf.image["digest"]], [control, *needles])
         for ref, hits in scanned.items():
             assert hits.pop(control.decode()) > 0, ref
             assert not any(hits.values()), (ref, hits)
@@ -273,7 +289,8 @@ def test_build_push_pull_and_no_secret_in_layers(services, base, tmp_path):
                 "--results", str(results), env=env)
         assert p.returncode == 0, p.stderr[-2000:]
         again = latest_by_combo(results)[hf.combo["id"]]
-        assert again.run_id != hf.run_id and again.image["reused"] and again.image["digest"] == hf.image["digest"]
+        assert again.run_id != hf.run_id and again.image["reused"] and again.image["digest"] == hf.image["digest"], \
+            (again.image, hf.image, p.stdout[-2000:], p.stderr[-2000:])
 
         # equal inputs, equal layers: the vLLM image built again from nothing (--no-cache: no layer
         # and fresh cache mounts, as on a new machine) has every layer of the first, byte for byte;
