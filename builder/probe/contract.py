@@ -15,7 +15,7 @@ import time
 from .classify import classify_exception, device_branch
 from .envguard import guard
 from .staticreport import discover_verl_modules, static_report
-from .verdict import FAIL, NEEDS_GPU, NEEDS_HOME, NEEDS_NETWORK, NOT_APPLICABLE, PASS, Verdict
+from .verdict import ERROR, FAIL, NEEDS_GPU, NEEDS_HOME, NEEDS_NETWORK, NOT_APPLICABLE, PASS, Verdict
 from .vocab import ENGINE, VERSION_GATED
 from .features import CORE
 
@@ -172,7 +172,7 @@ def run_contract(v: Verdict, expect: dict, engine: str, background: "Background 
         rep = bg.extensions()
     except BaseException as e:
         c = classify_exception(e, engine)
-        v.add("native-extensions", "error", c.detail, "probe-error", time.perf_counter() - t0)
+        v.add("native-extensions", ERROR, c.detail, "probe-error", time.perf_counter() - t0)
         return
     v.timings["native_extensions_wait"] = round(time.perf_counter() - t0, 4)
     v.timings["native_extensions"] = bg.ext_seconds
