@@ -49,8 +49,9 @@ def container_device_args() -> list[str]:
 
 
 def gpus() -> list[dict]:
-    """[{'name', 'driver', 'sm', 'kind'}] from the listing command of each kind that has one
-    (AcceleratorKind.gpu_query); [] where none answers. `sm`: the architecture number (90)."""
+    """[{'name', 'driver', 'sm', 'arch', 'kind'}] from the listing command of each kind that has one
+    (AcceleratorKind.gpu_query); [] where none answers. `sm`: the architecture's number (90),
+    `arch`: its spelling in the table (sm_90)."""
     out = []
     for kind in ACCELERATORS.values():
         exe = shutil.which(kind.gpu_query[0]) if kind.gpu_query else None
@@ -63,5 +64,7 @@ def gpus() -> list[dict]:
         for line in p.stdout.splitlines() if p.returncode == 0 else []:
             parts = [x.strip() for x in line.split(",")]
             if len(parts) == 3:
-                out.append({"name": parts[0], "driver": parts[1], "sm": kind.arch_number(parts[2]), "kind": kind.name})
+                n = kind.arch_number(parts[2])
+                out.append({"name": parts[0], "driver": parts[1], "sm": n, "arch": kind.arch_name(n) if n is not None else None,
+                            "kind": kind.name})
     return out

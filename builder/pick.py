@@ -14,13 +14,12 @@ import sys
 from dataclasses import replace
 
 from .errors import OK, VERDICT, InputError
-from .probe.fatbin import parse_sm
 from .query import DEFAULT_LEVEL, Answer, Ask, answer, versions_in, why_not
 from .row import Row, Table
 from .runscope import add_run_arguments, scopes_from_args
 from .selector import add_selector_args, selectors_from_args
 from .probe.vocab import LEVELS
-from .probe.hardware import DEFAULT_PLATFORM, host_platform
+from .probe.hardware import DEFAULT_PLATFORM, host_platform, parse_gpu
 
 # `verify` (and with it urllib, ssl, the config reader) is imported inside run(): `pick`'s whole
 # process must start in under 200 ms on a 1,000-row signed table (bench/pick_speed.py measures it).
@@ -28,12 +27,12 @@ from .probe.hardware import DEFAULT_PLATFORM, host_platform
 EXPLAIN_MAX = 25  # lines of explanation on a terminal; --json lists every rejected row
 
 
-def pick(table: Table, sel, min_level: str = DEFAULT_LEVEL, sm: int | None = None,
+def pick(table: Table, sel, min_level: str = DEFAULT_LEVEL, gpu: str | None = None,
          driver: str | None = None) -> tuple[Row | None, list[Row]]:
     """(best row or None, the matching rows that were not good enough): query.answer, unpacked."""
     from .query import ask
 
-    ans = answer(table, ask(sel, min_level, sm, driver))
+    ans = answer(table, ask(sel, min_level, gpu, driver))
     return ans.best, ans.rejected
 
 
@@ -89,15 +88,15 @@ def ask_from_args(args) -> Ask:
     sel = selectors_from_args(args)
     if sel.platform is None:  # an image for the machine asking, unless told otherwise
         sel = replace(sel, platform=host_platform() or DEFAULT_PLATFORM)
-    sm = None
+    gpu = None
     if getattr(args, "gpu", None):
-        sm = parse_sm(args.gpu)
-        if sm is None:
+        gpu = parse_gpu(args.gpu)
+        if gpu is None:
             raise InputError("command line", None, "--gpu", args.gpu, "not a GPU (H100, B200, sm_90, 9.0, ...)")
     driver = getattr(args, "driver", None)
     if driver is not None and not all(p.isdigit() for p in driver.split(".")):
         raise InputError("command line", None, "--driver", driver, "not a driver version (550.54.14)")
-    return Ask(sel, args.level, sm, driver, in_place=getattr(args, "in_place", False), scopes=scopes_from_args(args))
+    return Ask(sel, args.level, gpu, driver, in_place=getattr(args, "in_place", False), scopes=scopes_from_args(args))
 
 
 def run(args) -> int:
@@ -120,7 +119,7 @@ def run(args) -> int:
                "level": ((row.in_place.get("best_level") if a.in_place else row.best_level) if row else None),
                "in_place": a.in_place,
                "row": row.to_dict() if row else None, "selection": a.selectors.describe(),
-               "gpu": f"sm_{a.sm}" if a.sm else None, "driver": a.driver, "scopes": sorted(a.scopes),
+               "gpu": a.gpu, "driver": a.driver, "scopes": sorted(a.scopes),
                "min_level": a.level, "verified": info["verified"], "keyid": info["keyid"],
                "table": info["source"], "generated": table.generated, "serial": table.serial,
                "expires": table.expires}

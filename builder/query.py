@@ -44,7 +44,7 @@ class Ask:
 
     selectors: Selectors = field(default_factory=Selectors)
     level: str = DEFAULT_LEVEL  # the lowest probe level the answer must have passed
-    sm: int | None = None  # the GPU's compute capability (90 for an H200)
+    gpu: str | None = None  # the GPU's architecture as the table spells it (sm_90 for an H200: hardware.parse_gpu)
     driver: str | None = None  # the host's NVIDIA driver version
     in_place: bool = False  # answer a stack verified in place (envbuild venv), not an image
     # What the user's run enters beyond verl's core path: feature names and `model:T` (vocab
@@ -55,15 +55,15 @@ class Ask:
         return replace(self, selectors=replace(self.selectors, platform=platform))
 
     def describe(self) -> str:
-        return (self.selectors.describe() + (f" --gpu sm_{self.sm}" if self.sm else "")
+        return (self.selectors.describe() + (f" --gpu {self.gpu}" if self.gpu else "")
                 + (f" --driver {self.driver}" if self.driver else "")
                 + "".join(" " + scope_flag(s) for s in sorted(self.scopes)))
 
 
-def ask(sel=None, level: str = DEFAULT_LEVEL, sm: int | None = None, driver: str | None = None) -> Ask:
+def ask(sel=None, level: str = DEFAULT_LEVEL, gpu: str | None = None, driver: str | None = None) -> Ask:
     """An Ask from Selectors or flag values ({"vllm": "0.8.4"})."""
     sel = sel if isinstance(sel, Selectors) else from_flags(**(sel or {}))
-    return Ask(sel, level, sm, driver)
+    return Ask(sel, level, gpu, driver)
 
 
 # ---------------------------------------------------------------- facts of a row
@@ -161,18 +161,18 @@ def matches_combo(c, sel: Selectors) -> bool:
                        engine_version=c.engine_version, verl=c.verl, platform=c.platform)
 
 
-def gpu_gap(row: Row, sm: int | None) -> str | None:
+def gpu_gap(row: Row, gpu: str | None) -> str | None:
     """Why the row's native code has no kernels for this GPU (None: it has, or no GPU asked)."""
-    if sm is None:
+    if gpu is None:
         return None
     f = facts(row)
     if f.supports is None:
         return "its GPU architecture coverage is unknown (probe it again with this envbuild)"
-    if f"sm_{sm}" in f.supports:
+    if gpu in f.supports:
         return None
     arch = (row.hardware or {}).get("gpu_arch") or {}
-    lacking = (arch.get("lacking") or {}).get(f"sm_{sm}") or []
-    return (f"no kernels for sm_{sm} in {', '.join(lacking[:4])}" if lacking else f"sm_{sm} is not covered") + \
+    lacking = (arch.get("lacking") or {}).get(gpu) or []
+    return (f"no kernels for {gpu} in {', '.join(lacking[:4])}" if lacking else f"{gpu} is not covered") + \
         f" (covers {', '.join(f.supports)})"
 
 
@@ -192,7 +192,7 @@ def qualifies_facts(f: Facts, a: Ask) -> bool:
     """The rule the page's script repeats (and the agreement test holds it to)."""
     if f.eligible < level_rank(a.level):
         return False
-    if a.sm is not None and (f.supports is None or f"sm_{a.sm}" not in f.supports):
+    if a.gpu is not None and (f.supports is None or a.gpu not in f.supports):
         return False
     if a.driver and (f.min_driver is None or not driver_at_least(a.driver, f.min_driver)):
         return False
@@ -255,7 +255,7 @@ def why_not(row: Row, a: Ask) -> str:
     if eligible(row) < level_rank(a.level):
         nxt = [k for k in LEVELS if level_rank(best) < level_rank(k) <= level_rank(a.level)]
         return f"verified only up to {best} (< {a.level}): " + ", ".join(_state(k, row.level(k)) for k in nxt)
-    gap = gpu_gap(row, a.sm)
+    gap = gpu_gap(row, a.gpu)
     if gap:
         return f"verified, but not for this GPU: {gap}"
     gap = driver_gap(row, a.driver)

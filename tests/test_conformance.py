@@ -123,7 +123,7 @@ def test_every_accelerator_kind_reaches_every_consumer(kind, capsys, monkeypatch
     # its driver table answers through drivers.py for every spelling of the variant, and so does
     # the floor of its major; the label the readers print is the kind's
     from envbuild import drivers
-    from envbuild.probe.hardware import Variant, gpu_names
+    from envbuild.probe.hardware import Variant, gpu_names, parse_gpu
 
     for version, drv in kind.min_driver.items():
         v = Variant(kind.name, version)
@@ -140,7 +140,10 @@ def test_every_accelerator_kind_reaches_every_consumer(kind, capsys, monkeypatch
         exe.write_text(f"#!/bin/sh\necho '{name} 80GB, 999.1, {kind.arch_name(number)}'\n")
         exe.chmod(0o755)
         monkeypatch.setenv("PATH", str(tmp_path))
-        assert host.gpus() == [{"name": f"{name} 80GB", "driver": "999.1", "sm": number, "kind": kind.name}]
+        assert host.gpus() == [{"name": f"{name} 80GB", "driver": "999.1", "sm": number, "arch": kind.arch_name(number),
+                                "kind": kind.name}]
+        # and what a user calls it is that architecture, in pick, doctor and the page
+        assert parse_gpu(name) == parse_gpu(kind.arch_name(number)) == kind.arch_name(number)
 
 
 # ---------------------------------------------------------------- platforms

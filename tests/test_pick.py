@@ -22,9 +22,9 @@ def table_of(records):
     return build_table(fold(records))
 
 
-def explain_empty(t, sel, rejected, level, sm=None):
+def explain_empty(t, sel, rejected, level, gpu=None):
     """pick's explanation, asked through the one query (envbuild.query)."""
-    a = ask(sel, level, sm)
+    a = ask(sel, level, gpu)
     ans = answer(t, a)
     assert [r.id for r in ans.rejected] == [r.id for r in rejected]
     return _explain(t, a, ans)
@@ -122,7 +122,7 @@ def test_long_explanations_are_capped():
 
 
 def test_gpu_coverage_read_by_the_probe_decides_and_unknown_is_not_yes():
-    from envbuild.probe.fatbin import parse_sm
+    from envbuild.probe.hardware import parse_gpu
 
     probe = passed("env", "contract")
     probe["env"]["hardware"] = {"gpu_arch": {"packages": {}, "supports": ["sm_80", "sm_90"],
@@ -132,10 +132,10 @@ def test_gpu_coverage_read_by_the_probe_decides_and_unknown_is_not_yes():
                   rec(V84_050, passed("env", "contract"), img=image(V84_050), run=2)])  # probed before coverage
     row = next(r for r in t.rows if r.id == V84_041["id"])
     assert row.versions["flash-attn"] == "2.7.4" and row.hardware["min_driver"] == "550.54.14"
-    got, _ = pick(t, {"vllm": "0.8.4"}, "contract", parse_sm("H200"))
+    got, _ = pick(t, {"vllm": "0.8.4"}, "contract", parse_gpu("H200"))
     assert got.id == V84_041["id"]  # the newer verl has no coverage facts: unknown is not yes
-    got, rejected = pick(t, {"vllm": "0.8.4"}, "contract", parse_sm("B200"))
-    text = "\n".join(explain_empty(t, {"vllm": "0.8.4"}, rejected, "contract", 100))
+    got, rejected = pick(t, {"vllm": "0.8.4"}, "contract", parse_gpu("B200"))
+    text = "\n".join(explain_empty(t, {"vllm": "0.8.4"}, rejected, "contract", "sm_100"))
     assert got is None and "no kernels for sm_100 in flash_attn" in text and "coverage is unknown" in text
     assert pick(t, {"vllm": "0.8.4"})[0].id == V84_050["id"]  # no --gpu: as before
 

@@ -32,7 +32,7 @@ from envbuild.views import page_data, render_markdown
 TRIES = int(os.environ.get("ENVBUILD_AGREEMENT_TRIES", "150"))
 PUB = {"keyid": "ab" * 32, "keytype": "ed25519", "scheme": "ed25519", "keyval": {"public": "cd" * 32}}
 PLATFORMS = ("linux/amd64", "linux/arm64")
-SMS = (None, 80, 90, 100)
+GPUS = (None, "sm_80", "sm_90", "sm_100")
 DRIVERS = (None, "525.60.13", "550.54.14", "560.28.03", "580.65.06")
 LEVELS = ("env", "contract", "gpu")
 
@@ -104,7 +104,7 @@ def table_of(specs):
     return records, build_table(fold(records))
 
 
-asks = st.fixed_dictionaries({"level": st.sampled_from(LEVELS), "sm": st.sampled_from(SMS),
+asks = st.fixed_dictionaries({"level": st.sampled_from(LEVELS), "gpu": st.sampled_from(GPUS),
                               "driver": st.sampled_from(DRIVERS), "platform": st.sampled_from(PLATFORMS + (None,))})
 
 
@@ -248,11 +248,11 @@ def test_the_pages_script_combines_the_facts_as_the_query_does(tmp_path):
             b.wait("document.body && document.body.getAttribute('data-ready') === '1'")
             cases = []
             for _ in range(25):
-                a = {"level": rng.choice(LEVELS), "sm": rng.choice(SMS), "driver": rng.choice(DRIVERS),
+                a = {"level": rng.choice(LEVELS), "gpu": rng.choice(GPUS), "driver": rng.choice(DRIVERS),
                      "platform": rng.choice(PLATFORMS + (None,)), "scopes": rng.choice(RUN_SCOPES)}
-                ask_ = Ask(Selectors(platform=a["platform"]), a["level"], a["sm"], a["driver"],
+                ask_ = Ask(Selectors(platform=a["platform"]), a["level"], a["gpu"], a["driver"],
                            scopes=frozenset(a["scopes"]))
-                js_ask = {"level": a["level"], "gpu": f"sm_{a['sm']}" if a["sm"] else None, "driver": a["driver"],
+                js_ask = {"level": a["level"], "gpu": a["gpu"], "driver": a["driver"],
                           "scopes": list(a["scopes"])}
                 filters = {"platform": a["platform"]} if a["platform"] else {}
                 ans = answer(table, ask_)

@@ -73,14 +73,14 @@ def check_host(verdict: dict, opt: Options, shm_path: str = "/dev/shm") -> list[
                               "forward-compatibility package (cuda-compat) on data-center GPUs"))
     arch = ((verdict.get("hardware") or {}).get("gpu_arch") or {})
     if gpus and arch.get("supports") is not None:
-        sm = gpus[0]["sm"]
-        if sm is not None and f"sm_{sm}" not in arch["supports"]:
-            lacking = (arch.get("lacking") or {}).get(f"sm_{sm}") or []
-            out.append(Result("env", "env.gpu-arch", FAIL, f"{gpus[0]['name']} (sm_{sm}) has no kernels in "
+        gpu = gpus[0].get("arch")  # sm_90: as the table spells it (host.gpus, through the kind)
+        if gpu is not None and gpu not in arch["supports"]:
+            lacking = (arch.get("lacking") or {}).get(gpu) or []
+            out.append(Result("env", "env.gpu-arch", FAIL, f"{gpus[0]['name']} ({gpu}) has no kernels in "
                               f"{', '.join(lacking) or 'some extension'}: 'no kernel image is available' at run time",
-                              f"envbuild pick --gpu sm_{sm} ..."))
-        elif sm is not None:
-            out.append(Result("env", "env.gpu-arch", PASS, f"every extension has kernels for {gpus[0]['name']} (sm_{sm})"))
+                              f"envbuild pick --gpu {gpu} ..."))
+        elif gpu is not None:
+            out.append(Result("env", "env.gpu-arch", PASS, f"every extension has kernels for {gpus[0]['name']} ({gpu})"))
     return out
 
 

@@ -71,16 +71,10 @@ class Coverage:
 
 
 def parse_sm(value: str) -> int | None:
-    """`sm_90`, `sm90`, `90`, `9.0`, `compute_90`, or a product name (H100, GB200) -> 90."""
-    s = str(value).strip()
-    name = s.upper().replace(" ", "").replace("-", "")
-    if name in GPUS:
-        return GPUS[name]
-    s = s.lower().removeprefix("compute_").removeprefix("sm_").removeprefix("sm").rstrip("a")
-    if "." in s:
-        a, _, b = s.partition(".")
-        return int(a) * 10 + int(b) if a.isdigit() and b.isdigit() and len(b) == 1 else None
-    return int(s) if s.isdigit() and 10 <= int(s) <= 200 else None
+    """`sm_90`, `sm90`, `90`, `9.0`, `compute_90`, or a product name (H100, GB200) -> 90: CUDA's
+    spellings, from its descriptor (hardware.CUDA_KIND)."""
+    name = str(value).strip().upper().replace(" ", "").replace("-", "")
+    return GPUS[name] if name in GPUS else CUDA_KIND.arch_number(value)
 
 
 def _fatbin_range(f) -> tuple[int, int] | None:

@@ -55,15 +55,32 @@ class AcceleratorKind:
     driver_note: str = ""
     gpus: dict[str, int] = field(default_factory=dict, compare=False, hash=False)
     arch_prefix: str = ""
+    arch_aliases: tuple[str, ...] = ()  # other prefixes a user or a tool writes (`sm90`, `compute_90`)
+    arch_suffixes: tuple[str, ...] = ()  # target variants of one architecture (sm_90a, sm_100f)
+    arch_range: tuple[int, int] = (0, 0)  # a bare number in it is one of this kind's architectures
     gpu_query: tuple[str, ...] = ()
 
     def arch_name(self, number: int) -> str:
         return f"{self.arch_prefix}{number}"
 
     def arch_number(self, text: object) -> int | None:
-        """What the GPU listing prints (`9.0`, `sm_90`) -> 90; None if it is not one number."""
-        digits = re.sub(r"^[a-z_]*", "", str(text or "").strip().lower()).replace(".", "")
-        return int(digits) if digits.isdigit() else None
+        """An architecture in this kind's spellings (`sm_90`, `sm90a`, `9.0` as its GPU listing prints
+        it, `90`) -> 90; None if it is not one of them."""
+        s = str(text or "").strip().lower()
+        prefixed = False
+        for p in sorted((self.arch_prefix, *self.arch_aliases), key=len, reverse=True):
+            if p and s.startswith(p):
+                s, prefixed = s[len(p):], True
+                break
+        if prefixed:
+            for suffix in self.arch_suffixes:
+                s = s.removesuffix(suffix)
+        if "." in s:
+            a, _, b = s.partition(".")
+            n = int(a) * 10 + int(b) if a.isdigit() and b.isdigit() and len(b) == 1 else None
+        else:
+            n = int(s) if s.isdigit() else None
+        return n if n is not None and (prefixed or self.arch_range[0] <= n <= self.arch_range[1]) else None
 
 
 # NVIDIA's CUDA Toolkit release notes, table "CUDA Toolkit and Corresponding Driver Versions" (Linux
@@ -102,7 +119,8 @@ CUDA_KIND = AcceleratorKind("cuda", "CUDA", "cu", "cuda", ("--gpus", "all"), ("/
                             driver_lib="libcuda", driver_label="NVIDIA driver",
                             env_checks=("cudnn", "nccl", "gpu-arch"),
                             min_driver=_CUDA_DRIVERS, driver_floor=_CUDA_FLOORS, driver_note=_CUDA_NOTE,
-                            gpus=_CUDA_GPUS, arch_prefix="sm_",
+                            gpus=_CUDA_GPUS, arch_prefix="sm_", arch_aliases=("sm", "compute_"),
+                            arch_suffixes=("a", "f"), arch_range=(10, 200),
                             gpu_query=("nvidia-smi", "--query-gpu=name,driver_version,compute_cap",
                                        "--format=csv,noheader"))
 ROCM_KIND = AcceleratorKind("rocm", "ROCm", "rocm", "hip",
@@ -120,6 +138,22 @@ ACCELERATORS = {k.name: k for k in (CUDA_KIND, ROCM_KIND, CPU_KIND)}
 def gpu_names() -> dict[str, str]:
     """Every GPU product name any kind knows -> its architecture's spelling (`H100` -> `sm_90`)."""
     return {n: k.arch_name(cc) for k in ACCELERATORS.values() for n, cc in k.gpus.items()}
+
+
+def parse_gpu(value: object) -> str | None:
+    """What a user calls a GPU -> its architecture as the table spells it: a product name any kind
+    knows (`H100`, `b300`, `NVIDIA H200`) or an architecture in a kind's spellings (`sm_90`,
+    `9.0`, `90`) -> `sm_90`; None if no kind reads it."""
+    s = str(value if value is not None else "").strip()
+    key = s.upper().replace(" ", "").replace("-", "").removeprefix("NVIDIA").removeprefix("AMD")
+    for name, arch in gpu_names().items():
+        if name.upper() == key:
+            return arch
+    for k in ACCELERATORS.values():
+        n = k.arch_number(s) if k.arch_prefix else None
+        if n is not None:
+            return k.arch_name(n)
+    return None
 CPU = "cpu"  # the variant tag of a CPU-only torch build
 
 
