@@ -57,11 +57,11 @@ def expand_verdict(key: str, v: Verdict) -> dict[str, Verdict]:
         mine = [c for c in v.checks if c.level == lv]  # the level the probe stamped (Check.from_dict types it)
         bad = [c for c in mine + loose if c.problem]
         if not mine and not loose:
-            out[lv] = v if lv == level else Verdict(lv, v.status, v.cause)
+            out[lv] = v if lv == level else Verdict.stated(lv, v.status, v.cause)
         elif bad:
-            out[lv] = Verdict(lv, worst_status([c.status for c in bad]), checks=bad)
+            out[lv] = Verdict.stated(lv, worst_status([c.status for c in bad]), checks=bad)
         else:
-            out[lv] = Verdict(lv, PASS, checks=mine)
+            out[lv] = Verdict.stated(lv, PASS, checks=mine)
     if v.status == TIMEOUT:
         out[level] = v  # killed at its time limit: the top level did not finish, whatever ran before
     return out

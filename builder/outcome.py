@@ -1,7 +1,7 @@
 """The one outcome model: what a probe verdict, a lock result and a record say about a stack, and
 the exit code of each.
 
-  verdict  a probe level's answer (envbuild.probe writes it as JSON; `Verdict` types it here):
+  verdict  a probe level's answer (probe.verdict.Verdict: the one model, written by the probe, read here):
            pass | fail | timeout (verdicts: vocab.DECISIVE) | needs-gpu | error (no verdict)
   lock     ok | unsatisfiable | needs-build (verdicts: the stack cannot be installed as asked)
            | index-unreachable | lock-error | metadata-missing (infrastructure)
@@ -15,14 +15,9 @@ errors, never an outcome.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from .probe.vocab import (
-    ERROR, EXIT_INFRA, EXIT_OF_STATUS, EXIT_OK, EXIT_VERDICT, FAIL, FAILING, LEVELS, NEEDS_GPU, PASS, TIMEOUT,
-    VERDICT_STATUSES,
-)
+from .probe.vocab import ERROR, EXIT_INFRA, EXIT_OF_STATUS, EXIT_OK, EXIT_VERDICT, FAIL, NEEDS_GPU, PASS, TIMEOUT
 from .probe.vocab import NOT_A_PROBLEM as VOCAB_NOT_A_PROBLEM
-from .probe.verdict import Check  # noqa: F401 - the one Check, written by the probe, read here
+from .probe.verdict import Check, Verdict  # noqa: F401 - the one model, written by the probe, read here
 
 # ---------------------------------------------------------------- records
 
@@ -69,90 +64,6 @@ NOT_A_PROBLEM = (None, OK, *VOCAB_NOT_A_PROBLEM)  # vocab's set, and a record's 
 
 def exit_of_verdict(status: str) -> int:
     return EXIT_OF_STATUS.get(status, EXIT_INFRA)
-
-
-def _dict(v: object) -> dict:
-    return v if isinstance(v, dict) else {}
-
-
-_KNOWN = ("level", "status", "cause", "engine", "expect", "checks", "versions", "hardware", "caveats", "gpu",
-          "timings", "runner", "reused_from")
-
-
-@dataclass
-class Verdict:
-    """One probe level's verdict on the host. Read from the JSON the probe wrote (or the launcher
-    wrote for it); keys this envbuild does not know are kept, so a record round-trips."""
-
-    level: str | None
-    status: str  # vocab.VERDICT_STATUSES; an unreadable status is "error" (it proves nothing)
-    cause: str | None = None
-    engine: str | None = None
-    expect: dict = field(default_factory=dict)
-    checks: list[Check] = field(default_factory=list)
-    versions: dict = field(default_factory=dict)
-    hardware: dict = field(default_factory=dict)
-    caveats: list[dict] = field(default_factory=list)
-    gpu: dict = field(default_factory=dict)
-    timings: dict = field(default_factory=dict)
-    runner: dict = field(default_factory=dict)
-    reused_from: str | None = None
-    extra: dict = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, v: object, level: str | None = None) -> "Verdict":
-        """A Verdict from a Verdict or its JSON (anything else is an unreadable verdict: error)."""
-        if isinstance(v, Verdict):
-            return v
-        d = _dict(v)
-        status = d.get("status")
-        checks = d.get("checks")
-        lv = d.get("level") if d.get("level") in LEVELS else level
-        return cls(
-            level=lv, status=status if status in VERDICT_STATUSES else ERROR,
-            cause=None if d.get("cause") is None else str(d["cause"]),
-            engine=d.get("engine") if isinstance(d.get("engine"), str) else None,
-            expect=_dict(d.get("expect")),
-            checks=[c for c in map(Check.from_dict, checks if isinstance(checks, list) else []) if c],
-            versions=_dict(d.get("versions")), hardware=_dict(d.get("hardware")),
-            caveats=[c for c in d.get("caveats") or [] if isinstance(c, dict)] if isinstance(d.get("caveats"), list) else [],
-            gpu=_dict(d.get("gpu")), timings=_dict(d.get("timings")), runner=_dict(d.get("runner")),
-            reused_from=d.get("reused_from") if isinstance(d.get("reused_from"), str) else None,
-            extra={k: x for k, x in d.items() if k not in _KNOWN})
-
-    def to_dict(self) -> dict:
-        d = dict(self.extra)
-        d.update(level=self.level, status=self.status, cause=self.cause, engine=self.engine, expect=self.expect,
-                 checks=[c.to_dict() for c in self.checks], versions=self.versions, hardware=self.hardware,
-                 caveats=self.caveats, gpu=self.gpu, timings=self.timings)
-        if self.runner:
-            d["runner"] = self.runner
-        if self.reused_from:
-            d["reused_from"] = self.reused_from
-        return d
-
-    @property
-    def failing(self) -> bool:
-        return self.status in FAILING
-
-    def problems(self) -> list[Check]:
-        return [c for c in self.checks if c.problem]
-
-    def first_cause(self) -> str | None:
-        """The verdict's own cause, else the cause of its first check that explains it."""
-        if self.cause:
-            return self.cause
-        first = next(iter(self.problems()), None)
-        return (first.cause or first.name or first.status) if first else None
-
-    def first_detail(self) -> str:
-        first = next(iter(self.problems()), None)
-        return f"{first.name}: {first.detail}" if first else ""
-
-    @property
-    def wall_seconds(self) -> float:
-        w = self.runner.get("wall_seconds")
-        return float(w) if isinstance(w, (int, float)) and not isinstance(w, bool) else 0.0
 
 
 def unwritten(level: str, engine: str, expect: dict, status: str, cause: str, detail: str) -> dict:

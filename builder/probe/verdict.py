@@ -10,11 +10,11 @@ import os
 import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from .vocab import (  # noqa: F401 - the statuses' home is the vocabulary; re-exported for the probe's modules
     CAVEATS, ERROR, FAIL, FAILING, LEVELS, NEEDS_GPU, NEEDS_HOME, NEEDS_NETWORK, NOT_A_PROBLEM, NOT_APPLICABLE,
-    PASS, PRECEDENCE, SKIPPED, TIMEOUT, worst_status,
+    PASS, PRECEDENCE, SKIPPED, TIMEOUT, VERDICT_STATUSES, worst_status,
 )
 from .features import CORE, is_core
 
@@ -69,10 +69,29 @@ class Check:
         return self.status in FAILING and not is_core(self.scope)
 
 
+def _dict(v: object) -> dict:
+    return v if isinstance(v, dict) else {}
+
+
+# What a written verdict holds (to_dict); anything else a reader finds is kept in `extra`.
+_KNOWN = ("level", "status", "cause", "engine", "expect", "checks", "versions", "hardware", "caveats", "gpu",
+          "timings", "runner", "reused_from", "metrics", "peak_gpu_mem")
+
+
 @dataclass
 class Verdict:
-    level: str
-    engine: str
+    """One level's verdict: the one model, from the probe to the page.
+
+    The probe builds it check by check (`add` inside `at_level`): its status is what its core
+    checks fold to, by the one precedence. The host reads a written one back with `of` (typed
+    on read: wrong types are the field's empty value, an unreadable status is "error"), and a
+    verdict the host states itself (a level split off a higher one) comes from `stated`: those
+    carry their status and cause as given, and keys this version does not know stay in
+    `extra`, so a record round-trips.
+    """
+
+    level: str | None
+    engine: str | None = None
     expect: dict = field(default_factory=dict)
     checks: list[Check] = field(default_factory=list)
     versions: dict = field(default_factory=dict)
@@ -86,9 +105,42 @@ class Verdict:
     # Environment needs met by no check's failure: {"kind": needs-network|needs-writable-home,
     # "check": name, "module": ..., "what": what it fetches / writes}.
     caveats: list[dict] = field(default_factory=list)
+    runner: dict = field(default_factory=dict)  # the host's launcher: exit code, wall seconds, timeout
+    reused_from: str | None = None  # the record whose verdict this is (probe_run reuses by content)
+    given: tuple | None = None  # (status, cause) as written or stated; None: folded from the checks
+    extra: dict = field(default_factory=dict)
     started: float = field(default_factory=time.time)
     current_level: str | None = None  # set by at_level(); stamped on every check added meanwhile
 
+    # -- read and stated
+    @classmethod
+    def of(cls, v: object, level: str | None = None) -> "Verdict":
+        """A Verdict from a Verdict or its JSON (anything else is an unreadable verdict: error)."""
+        if isinstance(v, Verdict):
+            return v
+        d = _dict(v)
+        status, checks, caveats = d.get("status"), d.get("checks"), d.get("caveats")
+        mem = d.get("peak_gpu_mem")
+        return cls(
+            level=d.get("level") if d.get("level") in LEVELS else level,
+            engine=d.get("engine") if isinstance(d.get("engine"), str) else None,
+            expect=_dict(d.get("expect")),
+            checks=[c for c in map(Check.from_dict, checks if isinstance(checks, list) else []) if c],
+            versions=_dict(d.get("versions")), hardware=_dict(d.get("hardware")),
+            caveats=[c for c in caveats if isinstance(c, dict)] if isinstance(caveats, list) else [],
+            gpu=_dict(d.get("gpu")), timings=_dict(d.get("timings")), runner=_dict(d.get("runner")),
+            metrics=_dict(d.get("metrics")),
+            peak_gpu_mem=mem if isinstance(mem, int) and not isinstance(mem, bool) else None,
+            reused_from=d.get("reused_from") if isinstance(d.get("reused_from"), str) else None,
+            given=(status if status in VERDICT_STATUSES else ERROR, None if d.get("cause") is None else str(d["cause"])),
+            extra={k: x for k, x in d.items() if k not in _KNOWN})
+
+    @classmethod
+    def stated(cls, level: str | None, status: str, cause: str | None = None, **kw) -> "Verdict":
+        """A verdict whose status the host states (a lower level split off a higher one's)."""
+        return cls(level=level, given=(status, cause), **kw)
+
+    # -- built by the probe
     def add(self, name: str, status: str, detail: str = "", cause: str | None = None,
             seconds: float = 0.0, scope: str = CORE, scope_from: str | None = None) -> Check:
         # Outside a level (the probe itself broke between levels) no level: it counts against all.
@@ -139,9 +191,41 @@ class Verdict:
             if c not in self.caveats:
                 self.caveats.append(c)
 
+    # -- what it says
     @property
     def status(self) -> str:
+        if self.given is not None:
+            return self.given[0]
         return overall_status([c.status for c in self.checks if is_core(c.scope)])
+
+    @property
+    def cause(self) -> str | None:
+        if self.given is not None:
+            return self.given[1]
+        return first_cause([c for c in self.checks if is_core(c.scope)])
+
+    @property
+    def failing(self) -> bool:
+        return self.status in FAILING
+
+    def problems(self) -> list[Check]:
+        return [c for c in self.checks if c.problem]
+
+    def first_cause(self) -> str | None:
+        """The verdict's own cause, else the cause of its first check that explains it."""
+        if self.cause:
+            return self.cause
+        first = next(iter(self.problems()), None)
+        return (first.cause or first.name or first.status) if first else None
+
+    def first_detail(self) -> str:
+        first = next(iter(self.problems()), None)
+        return f"{first.name}: {first.detail}" if first else ""
+
+    @property
+    def wall_seconds(self) -> float:
+        w = self.runner.get("wall_seconds")
+        return float(w) if isinstance(w, (int, float)) and not isinstance(w, bool) else 0.0
 
     def scoped(self) -> dict[str, list[str]]:
         """{scope: [check names]} of the failures only some runs reach (they leave status alone)."""
@@ -152,16 +236,27 @@ class Verdict:
         return out
 
     def to_dict(self, level: str | None = None) -> dict:
-        """The verdict as written; `level` names a lower level that has just ended (its verdict is
-        everything so far, since a level includes the levels below it)."""
-        d = asdict(self)
-        if level is not None:
-            d["level"] = level
-        d["status"] = self.status
-        d["schema"] = SCHEMA
-        d["cause"] = first_cause([c for c in self.checks if is_core(c.scope)])
-        d["timings"].setdefault("total", round(time.time() - self.started, 4))
-        del d["started"], d["current_level"]
+        """The verdict as written. The probe's: every field, its status and cause from its checks,
+        `level` naming a lower level that has just ended (its verdict is everything so far, since
+        a level includes the levels below it). One read back or stated: as it came, with the keys
+        this version does not know."""
+        d = dict(self.extra)
+        d.update(level=self.level if level is None else level, status=self.status, cause=self.cause,
+                 engine=self.engine, expect=self.expect, checks=[c.to_dict() for c in self.checks],
+                 versions=self.versions, hardware=self.hardware, caveats=self.caveats, gpu=self.gpu,
+                 timings=self.timings)
+        if self.given is None:  # the probe writing
+            d.update(schema=SCHEMA, metrics=self.metrics, peak_gpu_mem=self.peak_gpu_mem)
+            d["timings"].setdefault("total", round(time.time() - self.started, 4))
+            return d
+        if self.metrics:
+            d["metrics"] = self.metrics
+        if self.peak_gpu_mem is not None:
+            d["peak_gpu_mem"] = self.peak_gpu_mem
+        if self.runner:
+            d["runner"] = self.runner
+        if self.reused_from:
+            d["reused_from"] = self.reused_from
         return d
 
 
