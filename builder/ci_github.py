@@ -115,17 +115,31 @@ def render_actionlint_config(labels: list[str], out: str) -> str:
 
 _PINNED_GIT = re.compile(r"^git\+(https|ssh)://[^\s@]+(?:@[^\s@]+)?\.git@[0-9a-f]{40}$|"
                          r"^git\+(https|ssh)://[^\s@]+@[0-9a-f]{40}$")
-_WHEEL_BY_HASH = re.compile(r"^(?:envbuild\s*@\s*)?\S+\.whl#sha256=[0-9a-f]{64}$")
+_WHEEL_BY_HASH = re.compile(r"^(https|file)://\S+\.whl#sha256=[0-9a-f]{64}$")  # a URL: `envbuild[all] @ URL`
+
+
+# The jobs run every command: envbuild with its `all` extra (the default install is pick's).
+EXTRA = "all"
+_NAMED = re.compile(r"^envbuild(?:\[[a-z0-9_,\s-]*\])?\s*@\s*")
+
+
+def with_extra(spec: str) -> str:
+    """A pinned spec as the jobs install it: `.[all]`, or `envbuild[all] @ <git or wheel URL>`."""
+    if spec in (".", f".[{EXTRA}]"):
+        return f".[{EXTRA}]"
+    return f"envbuild[{EXTRA}] @ " + _NAMED.sub("", spec)
 
 
 def check_install(spec: str) -> str:
     """An install spec that can only mean one build of envbuild: `.` (envbuild's own repository),
-    git+https/ssh pinned by a 40-hex commit, or a wheel pinned by its sha256. A bare name
+    git+https/ssh pinned by a 40-hex commit, or a wheel pinned by its sha256 (each may be given as
+    `envbuild[...] @ …`), returned with the `all` extra the jobs need. A bare name
     (`envbuild==0.1.0`) is refused: envbuild is not published under that name on the package index,
     so whoever registers it would run code in every adopter's nightly, with their secrets."""
     s = spec.strip()
-    if s == "." or _PINNED_GIT.match(s) or _WHEEL_BY_HASH.match(s):
-        return s
+    bare = _NAMED.sub("", s)
+    if s in (".", f".[{EXTRA}]") or _PINNED_GIT.match(bare) or _WHEEL_BY_HASH.match(bare):
+        return with_extra(s)
     raise InputError("command line", None, "--install", spec,
                      "not pinned to one build: use git+https://HOST/PATH@<40-hex commit> or "
                      "URL/envbuild-X-py3-none-any.whl#sha256=<64 hex> (a bare name on the index is not envbuild's)")
@@ -140,7 +154,7 @@ def _default_install() -> str:
     except OSError:
         text = ""
     if re.search(r'(?m)^name\s*=\s*"envbuild"', text):
-        return "."
+        return with_extra(".")
     src = Path(__file__).resolve().parent.parent
 
     def git(*a: str) -> str:
@@ -152,7 +166,7 @@ def _default_install() -> str:
     url, head, dirty = git("config", "--get", "remote.origin.url"), git("rev-parse", "HEAD"), \
         git("status", "--porcelain", "--untracked-files=no")
     if re.match(r"^(https|ssh)://", url) and re.fullmatch(r"[0-9a-f]{40}", head) and not dirty:
-        return f"git+{url}@{head}"
+        return with_extra(f"git+{url}@{head}")
     return None
 
 

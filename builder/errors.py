@@ -34,7 +34,7 @@ class EnvbuildError(Exception):
 
 
 class MissingDependency(EnvbuildError):
-    """A command whose module needs a distribution this install lacks (the pick-only install)."""
+    """A command whose module needs a distribution this install lacks (the default, pick's)."""
 
 
     def __init__(self, command: str, module: str):
@@ -42,7 +42,7 @@ class MissingDependency(EnvbuildError):
         dist = {"yaml": "PyYAML", "jinja2": "Jinja2", "hydra": "hydra-core", "omegaconf": "omegaconf",
                 "oras": "oras", "rich": "rich", "requests": "requests", "uv": "uv"}.get(top, top)
         super().__init__(f"envbuild {command} needs {dist} (module {top!r}), which this install lacks: "
-                         f"pip install envbuild's full dependencies (pip install <envbuild source>, without --no-deps)")
+                         f"pip install 'envbuild[all]' (the default install is pick's and verify's)")
 
 
 class InputError(EnvbuildError):

@@ -87,7 +87,7 @@ def _task_body(job: ProbeJob, levels: list[str], timeout: float | None, tracker,
     if tracker is not None:
         ray.get(tracker.started.remote(key, node, host))
     _cleanup_orphans(job.ref)
-    # The verdicts cross to the driver as the probe's JSON; the driver types them (outcome.Verdict).
+    # The verdicts cross to the driver as the probe's JSON; the driver types them (Verdict.of).
     verdicts = {lv: v.to_dict() for lv, v in probe_levels(job.target(), levels, timeout=timeout).items()}
     gpu = os.environ.get("CUDA_VISIBLE_DEVICES")
     return {"node": node, "host": host, "verdicts": verdicts,

@@ -19,7 +19,7 @@ Record fields (schema 1; envbuild.outcome says what the statuses mean):
   image         {"ref", "tags", "content_hash", "id", "digest" ("repo@sha256:..." after push), "size", "reused",
                 "push" (envbuild.push.PushReport: codec, tool, seconds, bytes read and sent, blobs)}
   lock_hash     sha256 of the combination's full lock
-  probe         {level: outcome.Verdict} for levels "env"|"contract"|"gpu" (typed on read; written as
+  probe         {level: Verdict} (probe.verdict) for levels "env"|"contract"|"gpu" (typed on read; written as
                 the probe's JSON)
   timings       {stage: seconds}, plus base_wait and push_probe_wall (envbuild.build)
   machine       where it ran: {"hostname", "platform"} (record.machine_info), plus "gpu" for a probe on one
@@ -74,7 +74,7 @@ class Record:
     schema: int = SCHEMA
 
     def __post_init__(self):
-        # Typed whatever the source: a verdict dict (the probe's JSON) becomes an outcome.Verdict.
+        # Typed whatever the source: a verdict dict (the probe's JSON) becomes a Verdict (Verdict.of).
         self.probe = {str(k): Verdict.of(v, k) for k, v in (self.probe or {}).items()}
 
     def to_dict(self) -> dict:

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # envbuild in a virtual environment of its own, ./.venv: the distribution's python3 refuses
 # `pip install` outside one (PEP 668). Shared by the README's two commands.
-#   bash ci/venv.sh [EXTRAS]        e.g. `bash ci/venv.sh test` for the test dependencies
+#   bash ci/venv.sh [EXTRAS]        `all` (default: every command), `test` (all + the test dependencies)
 # Env: PYTHON (default python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
-extras="${1:-}"
+extras="${1:-all}"
 if [ ! -x .venv/bin/python ]; then
   if ! "$PY" -m venv .venv >/dev/null 2>&1; then
     rm -rf .venv  # Debian and Ubuntu ship venv (ensurepip) in a package of its own
@@ -17,4 +17,4 @@ if [ ! -x .venv/bin/python ]; then
   fi
 fi
 export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
-.venv/bin/python -m pip install -q -e ".${extras:+[$extras]}"
+.venv/bin/python -m pip install -q -e ".[$extras]"

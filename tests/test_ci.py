@@ -144,7 +144,7 @@ def test_workflow_shape_and_runner_labels(run_cli, tmp_path):
         assert jobs[j]["env"]["ENVBUILD_REPOSITORY"] == "${{ needs.plan.outputs.repository }}", j
     install = next(s for s in jobs["plan"]["steps"] if s.get("name") == "Install envbuild")
     assert install["run"] == 'python -m pip install "$ENVBUILD_INSTALL"'
-    assert install["env"]["ENVBUILD_INSTALL"] == "${{ vars.ENVBUILD_INSTALL || '.' }}"  # here: envbuild itself
+    assert install["env"]["ENVBUILD_INSTALL"] == "${{ vars.ENVBUILD_INSTALL || '.[all]' }}"  # here: envbuild itself
     assert jobs["deploy"]["environment"]["name"] == "github-pages"
     free = next(s for s in jobs["build"]["steps"] if s.get("name") == "Free disk space")
     assert free["if"] == "runner.environment == 'github-hosted'" and "df -h /" in free["run"]
@@ -409,8 +409,9 @@ def test_a_workflow_for_a_team_repository(tmp_path, run_cli):
     text = (repo / ".github" / "workflows" / "envbuild-nightly.yml").read_text()
     wf = yaml.safe_load(text)
     install = next(s for s in wf["jobs"]["plan"]["steps"] if s.get("name") == "Install envbuild")
-    assert install["env"]["ENVBUILD_INSTALL"] == "${{ vars.ENVBUILD_INSTALL || '" + spec + "' }}"
-    assert "gh variable set ENVBUILD_INSTALL --body " + spec in p.stderr
+    # every command runs in the jobs: the spec gets envbuild's `all` extra (the default install is pick's)
+    assert install["env"]["ENVBUILD_INSTALL"] == "${{ vars.ENVBUILD_INSTALL || 'envbuild[all] @ " + spec + "' }}"
+    assert "gh variable set ENVBUILD_INSTALL --body 'envbuild[all] @ " + spec + "'" in p.stderr
     assert "probe" not in wf["jobs"] and wf["jobs"]["publish"]["needs"] == ["plan", "build"]
     assert "--probe cpu" in "\n".join(s.get("run", "") for s in wf["jobs"]["build"]["steps"])
     assert "uses: actions/checkout@" + "a" * 40 + " # v5" in text and "actions/checkout@v5\n" not in text

@@ -225,7 +225,7 @@ def test_a_team_repository_runs_its_generated_nightly(tmp_path, run_cli):
               "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     install = next(s for s in wf["jobs"]["plan"]["steps"] if s.get("name") == "Install envbuild")
     q = subprocess.run(["bash", "-c", install["run"]], cwd=repo, capture_output=True, text=True, timeout=600,
-                       env={**os.environ, **gh_env, "ENVBUILD_INSTALL": str(ROOT)})
+                       env={**os.environ, **gh_env, "ENVBUILD_INSTALL": f"{ROOT}[all]"})
     assert q.returncode == 0, q.stderr[-2000:]
     assert (bindir / "envbuild").exists()
 

@@ -2,6 +2,7 @@
 venv without pip -> `envbuild plan` works, finds its bundled data, and writes no state into
 site-packages."""
 
+import json
 import os
 import subprocess
 import sys
@@ -38,7 +39,7 @@ def test_sdist_builds_a_wheel_that_runs_in_a_venv_without_pip(tmp_path):
     subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(venv)], check=True)
     py = venv / "bin" / "python"
     assert subprocess.run([str(py), "-c", "import pip"], capture_output=True).returncode != 0  # really pip-less
-    p = subprocess.run([uv, "pip", "install", "-q", "--python", str(py), str(wheel)], capture_output=True, text=True)
+    p = subprocess.run([uv, "pip", "install", "-q", "--python", str(py), f"{wheel}[all]"], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr[-2000:]
 
     home = tmp_path / "home"
@@ -58,7 +59,8 @@ def test_sdist_builds_a_wheel_that_runs_in_a_venv_without_pip(tmp_path):
     (tmp_path / "matrix").mkdir()
     (tmp_path / "matrix" / "verl.yaml").write_bytes((site / "_data" / "matrix" / "verl.yaml").read_bytes())
     out = subprocess.run([str(venv / "bin" / "envbuild"), "ci", "github", "--out", str(tmp_path / "gh"),
-                          "--install", "envbuild-1.0-py3-none-any.whl#sha256=" + "0" * 64], capture_output=True,
+                          "--install", "https://example.invalid/envbuild-1.0-py3-none-any.whl#sha256=" + "0" * 64],
+                         capture_output=True,
                          text=True, cwd=tmp_path, env=env)
     assert out.returncode == 0 and "envbuild ci earlier" in (tmp_path / "gh" / "workflows" / "envbuild-nightly.yml").read_text(), \
         out.stderr[-2000:]
@@ -81,7 +83,8 @@ def test_every_distribution_imported_at_module_level_is_declared():
 
     root = Path(__file__).resolve().parent.parent
     tomllib = pytest.importorskip("tomllib")
-    deps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    deps = project["dependencies"] + project["optional-dependencies"]["all"]  # the default's and every command's
     declared = {re.split(r"[<>=!\[ ;]", d.strip())[0].lower().replace("_", "-") for d in deps}
     dists = md.packages_distributions()
     tops = set()
@@ -100,8 +103,8 @@ def test_every_distribution_imported_at_module_level_is_declared():
 
 
 def test_pick_and_verify_need_only_packaging_and_securesystemslib(tmp_path):
-    """The README's pick-only install (`pip install --no-deps envbuild packaging
-    'securesystemslib[crypto]'`): pick and verify import nothing else. The other dependencies are
+    """The default install (`pip install 'CLONE[pick]'`: packaging and securesystemslib[crypto]):
+    pick and verify import nothing else. The other dependencies are
     blocked in a child process, which then picks from the committed H200 evidence table."""
     root = Path(__file__).resolve().parent.parent
     table = root / "bench" / "h200_rows" / "table"
@@ -145,15 +148,16 @@ sys.exit(main(sys.argv[1:]))
 
 @pytest.mark.network
 def test_the_readmes_pick_only_install_line_installs_what_pick_and_verify_run_on(tmp_path):
-    """Issue 50: the README's pick-only line, as written (its package list read from the README),
-    into a fresh venv from the package index: pick and verify answer from a signed table, --help
-    lists every command, and a build command says in one line which dependency it lacks."""
+    """Issue 50: the README's pick-only line, as written (read from the README, the clone's path
+    put in), into a fresh venv from the package index: exactly pick's distributions are installed,
+    pick and verify answer from a signed table, --help lists every command, and a build command
+    says in one line which dependency it lacks and names the `all` extra."""
     import re
     import shlex
 
     text = (ROOT / "README.md").read_text()
-    line = re.search(r"`(pip install --no-deps PATH-OR-URL-OF-ENVBUILD[^`]*)`", text).group(1)
-    argv = shlex.split(line.replace("\n", " "))
+    line = re.search(r"`(pip install 'CLONE\[pick\]')`", text).group(1)
+    argv = shlex.split(line)
     uv = _uv()
     dist = tmp_path / "dist"
     p = subprocess.run([uv, "build", "--wheel", "--out-dir", str(dist), str(ROOT)], capture_output=True, text=True)
@@ -161,7 +165,7 @@ def test_the_readmes_pick_only_install_line_installs_what_pick_and_verify_run_on
     (wheel,) = dist.glob("envbuild-*.whl")
     venv = tmp_path / "venv"
     subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(venv)], check=True)
-    packages = [str(wheel) if a == "PATH-OR-URL-OF-ENVBUILD" else a for a in argv[2:]]  # after `pip install`
+    packages = [a.replace("CLONE", str(wheel)) for a in argv[2:]]  # after `pip install`
     p = subprocess.run([uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), *packages],
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stderr[-2000:]
@@ -179,3 +183,9 @@ def test_the_readmes_pick_only_install_line_installs_what_pick_and_verify_run_on
     assert p.returncode == 0 and all(c in p.stdout for c in ("pick", "verify", "build", "doctor"))
     p = run("plan", "--vllm", "0.8.4")
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr, p.stderr
+    assert "envbuild[all]" in p.stderr
+    # nothing of the build side came with it
+    listed = subprocess.run([uv, "pip", "list", "--python", str(venv / "bin" / "python"), "--format", "json"],
+                            capture_output=True, text=True, check=True).stdout
+    names = {d["name"].lower() for d in json.loads(listed)}
+    assert not names & {"pyyaml", "jinja2", "rich", "uv", "oras", "omegaconf", "hydra-core", "requests"}, names
