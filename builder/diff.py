@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from .errors import UsageError
-from .row import Entry, Row, Table
+from .row import BROKEN, Entry, Row, Table
 from .probe.vocab import FAIL, FAILING, LEVELS, NOT_RUN, PASS, UNDECIDED
 
 STAGES = ("build", *LEVELS)  # what a row says per stage: its build, then each probe level
@@ -118,14 +118,14 @@ def _scope_changes(d: Diff, cid: str, ra: Row, rb: Row) -> None:
     """Per scope (a feature, a model type): a run that opts in broke (regression) or works again
     (fixed). A scope newly listed on a row that was broken before is no regression: before scopes
     every finding counted against the whole row."""
-    was_broken = ra.status == "broken"
+    was_broken = ra.status == BROKEN
     for sc in sorted(rb.scopes.keys() - ra.scopes.keys()):
         if not was_broken:
             e = rb.scopes[sc]
             d.changes.append(Change("regression", cid, f"scope {sc}", PASS, FAIL, None,
                                     ",".join(e.get("checks") or []) or sc, str(e.get("detail") or "")[:600]))
     for sc in sorted(ra.scopes.keys() - rb.scopes.keys()):
-        if rb.status != "broken":
+        if rb.status != BROKEN:
             d.changes.append(Change("fixed", cid, f"scope {sc}", FAIL, PASS, sc, None, ""))
 
 

@@ -25,7 +25,8 @@ from .fsutil import safe_name
 from .outcome import OK, RECORD_ERROR, RECORD_FAIL, Verdict
 from .record import is_census, is_in_place, is_placed
 from .values import combo_id, combo_tag
-from .row import Combo, Entry, Failure, HistoryEntry, Image, Row, parse_pinned, parse_utc
+from .row import (BROKEN, UNPINNED, UNTESTED, VERIFIED, Combo, Entry, Failure, HistoryEntry, Image, Row, parse_pinned,
+                  parse_utc)
 from .probe.vocab import (ERROR, FAIL, LEVELS, NEEDS_GPU, PASS, TIMEOUT, is_decisive, is_failing, levels_upto,
                           worst_status)
 from .probe.features import scope_label
@@ -106,14 +107,14 @@ def _row_status(levels: dict[str, Entry], build: Entry, pinned, has_image: bool)
         best = level
     failed = any(is_failing(levels[lv].status) for lv in LEVELS)
     if failed or (build.status == FAIL and not has_image):
-        status = "broken"
+        status = BROKEN
     elif best and pinned:
-        status = "verified"
+        status = VERIFIED
     elif best:
-        status = "unpinned"  # passed, but never pushed: nothing a user could pull by digest
+        status = UNPINNED  # passed, but never pushed: nothing a user could pull by digest
     else:
-        status = "untested"
-    return status, best if status in ("verified", "unpinned", "broken") else None
+        status = UNTESTED
+    return status, best if status in (VERIFIED, UNPINNED, BROKEN) else None
 
 
 def _failure(status: str, levels: dict[str, Entry], build: Entry) -> Failure | None:
@@ -121,7 +122,7 @@ def _failure(status: str, levels: dict[str, Entry], build: Entry) -> Failure | N
     if failed:
         e = levels[failed[0]]
         return Failure(failed[0], e.cause or e.status, e.detail)
-    if status == "broken":
+    if status == BROKEN:
         return Failure("build", build.cause or "build-failed", build.detail)
     return None
 
@@ -209,14 +210,14 @@ def fold_combo(records: list) -> Row:
     status, best = _row_status(levels, build, pinned, image is not None)
     failure = _failure(status, levels, build)
     in_place = _in_place(places)
-    if in_place.get("status") == "broken" and status != "broken":
+    if in_place.get("status") == BROKEN and status != BROKEN:
         # The same lock failed on a GPU node: the stack is broken, whatever its image says.
         f = in_place["failure"]
-        status, failure = "broken", Failure(f["level"], f["cause"], f"in place: {f['detail']}")
+        status, failure = BROKEN, Failure(f["level"], f["cause"], f"in place: {f['detail']}")
     census = _census([r for r in recs if is_census(r)])
-    if census.get("status") == "broken" and status != "broken":
+    if census.get("status") == BROKEN and status != BROKEN:
         # The lock cannot be resolved, or verl imports or calls what the engine does not have.
-        status, failure = "broken", Failure("census", census["cause"], f"census: {census['detail']}")
+        status, failure = BROKEN, Failure("census", census["cause"], f"census: {census['detail']}")
     scoped_from = [r for r in recs if is_census(r)][-1:] + \
         [r for r in recs if not is_placed(r) and _image_key(r.image, id_to_digest) == row_key and r.probe][-1:] + places[-1:]
     return Row(id=cid, combo=Combo.from_dict(combo), image=image, build=build, levels=levels,
@@ -277,9 +278,9 @@ def _in_place(places: list) -> dict:
             break
         best = lv
     failed = [lv for lv in LEVELS if is_failing(levels[lv].status)]
-    status = "broken" if failed else "verified" if best else "untested"
+    status = BROKEN if failed else VERIFIED if best else UNTESTED
     place = decider.place or {}
-    out = {"status": status, "best_level": best if status != "untested" else None,
+    out = {"status": status, "best_level": best if status != UNTESTED else None,
            "levels": {lv: e.to_dict() for lv, e in levels.items()},
            "host": {k: place.get(k) for k in ("host", "gpu", "driver", "sm", "glibc", "cuda_runtime", "python")
                     if place.get(k) is not None},
@@ -288,7 +289,7 @@ def _in_place(places: list) -> dict:
     if failed:
         e = levels[failed[0]]
         out["failure"] = {"level": failed[0], "cause": e.cause or e.status, "detail": e.detail}
-    if place.get("refused") and status == "untested":
+    if place.get("refused") and status == UNTESTED:
         out["refused"] = str(place["refused"])
     return out
 
@@ -298,7 +299,7 @@ def _census(recs: list) -> dict:
     if not recs:
         return {}
     r = max(recs, key=lambda x: x.run_id)
-    status = {OK: PASS, RECORD_FAIL: "broken"}.get(r.status, ERROR)
+    status = {OK: PASS, RECORD_FAIL: BROKEN}.get(r.status, ERROR)
     out = {"status": status, "run_id": r.run_id, "created": r.created, "lock_hash": r.lock_hash,
            "stage": r.stage, "reused": bool((r.place or {}).get("reused"))}
     if status != PASS:

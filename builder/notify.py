@@ -31,7 +31,7 @@ from .diff import compare
 from .errors import VERDICT, UsageError
 from .github_api import ACTIONS_BOT, DEADLINE_S, GitHub
 from .query import unsettled
-from .row import Row, Table
+from .row import BROKEN, UNPINNED, VERIFIED, Row, Table
 
 MARKER = "<!-- envbuild:combination={id} -->"
 # One issue per row, and one per row and scope (`<id>@<scope>`: broken only for runs that opt in).
@@ -139,7 +139,7 @@ class Action:
 def regressed(old: Table, new: Table) -> list[str]:
     """Rows verified in OLD with a level that passed there and fails now (`envbuild diff`'s rule)."""
     was = {r.id: r.status for r in old.rows}
-    return sorted({c.id for c in compare(old, new).regressions if was.get(c.id) == "verified"})
+    return sorted({c.id for c in compare(old, new).regressions if was.get(c.id) == VERIFIED})
 
 
 def plan_actions(old: Table, new: Table) -> dict[str, str]:
@@ -149,18 +149,18 @@ def plan_actions(old: Table, new: Table) -> dict[str, str]:
     before = {r.id: r for r in old.rows}
     todo: dict[str, str] = {}
     for row in new.rows:
-        if row.status == "broken":
-            todo[row.id] = "broken"
-        elif row.status in ("verified", "unpinned") and not unsettled(row, before.get(row.id)):
+        if row.status == BROKEN:
+            todo[row.id] = BROKEN
+        elif row.status in (VERIFIED, UNPINNED) and not unsettled(row, before.get(row.id)):
             todo[row.id] = "fixed"
     for cid in before.keys() - {r.id for r in new.rows}:
         todo[cid] = "gone"
     for row in new.rows:  # per scope: a run that opts in is broken, or works again
         for sc in row.scopes:
-            todo[f"{row.id}@{sc}"] = "broken"
+            todo[f"{row.id}@{sc}"] = BROKEN
         old_row = before.get(row.id)
         for sc in (old_row.scopes if old_row else {}):
-            if sc not in row.scopes and row.status != "broken":
+            if sc not in row.scopes and row.status != BROKEN:
                 todo[f"{row.id}@{sc}"] = "fixed"
     for cid in before.keys() - {r.id for r in new.rows}:
         for sc in before[cid].scopes:
@@ -189,11 +189,11 @@ def notify(gh: GitHub, old: Table, new: Table, run_url: str | None = None, table
         what, issue = todo[cid], mine.get(cid)
         is_open = bool(issue) and issue["state"] == "open"
         rid, _, scope = cid.partition("@")
-        if what == "broken":
+        if what == BROKEN:
             row = rows_new[rid]
             title, body = title_of(row, scope), body_of(row, run_url, table_url, scope)
             before = rows_old.get(rid)
-            newly = before is None or (scope not in before.scopes if scope else before.status != "broken")
+            newly = before is None or (scope not in before.scopes if scope else before.status != BROKEN)
             if issue is None:
                 if not newly:
                     continue  # broken before and nobody kept an issue: not news tonight

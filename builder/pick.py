@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from .errors import OK, VERDICT, InputError
 from .query import DEFAULT_LEVEL, Answer, Ask, answer, versions_in, why_not
-from .row import Row, Table
+from .row import VERIFIED, Row, Table
 from .runscope import add_run_arguments, scopes_from_args
 from .selector import add_selector_args, selectors_from_args
 from .probe.vocab import LEVELS
@@ -146,7 +146,7 @@ def run(args) -> int:
     for sc, e in row.scopes.items():  # broken only for runs that opt in: say which, so a user can check theirs
         print(f"  caveat: broken with {e.get('label') or sc} ({sc}): "
               f"{(str(e.get('detail') or '').splitlines() or [''])[0]}", file=sys.stderr)
-    if row.in_place.get("status") == "verified":
+    if row.in_place.get("status") == VERIFIED:
         print(f"  its lock also passed {row.in_place.get('best_level')} in place on "
               f"{', '.join(row.in_place['host'].get('gpu') or [])} (the stack, not this image)", file=sys.stderr)
     return 0

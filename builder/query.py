@@ -28,14 +28,14 @@ import re
 from dataclasses import dataclass, field, replace
 
 from . import drivers
-from .row import Row, Table, parse_pinned
+from .row import BROKEN, UNPINNED, UNTESTED, VERIFIED, Row, Table, parse_pinned
 from .selector import Selectors, from_flags, version_matches
 from .probe.vocab import DECISIVE, ERROR, FAILING, LEVELS, PASS, level_rank
 from .probe.features import model_types, scope_flag
 from .probe.hardware import DEFAULT_PLATFORM
 
 DEFAULT_LEVEL = "contract"  # env only proves versions; contract proves verl's rollout imports
-STANDING = {"verified": 4, "unpinned": 3, "untested": 2, "broken": 1}
+STANDING = {VERIFIED: 4, UNPINNED: 3, UNTESTED: 2, BROKEN: 1}
 
 
 @dataclass(frozen=True)
@@ -80,9 +80,9 @@ class Facts:
 
 def eligible(row: Row) -> int:
     """The level rank a row qualifies for by itself (module docstring); 0 when it does not."""
-    if row.in_place.get("status") == "broken":
+    if row.in_place.get("status") == BROKEN:
         return 0  # the same lock failed on a GPU node: the stack is broken, whatever its image says
-    if row.status != "verified" or not parse_pinned(row.pinned):
+    if row.status != VERIFIED or not parse_pinned(row.pinned):
         return 0
     rank = level_rank(row.best_level)
     if rank == 0 or any(row.level(k).status in FAILING for k in LEVELS):
@@ -202,7 +202,7 @@ def qualifies_facts(f: Facts, a: Ask) -> bool:
 def in_place_rank(row: Row) -> int:
     """The level rank the row's lock reached in place (envbuild venv + probe --here), 0 if none."""
     ip = row.in_place or {}
-    return level_rank(ip.get("best_level")) if ip.get("status") == "verified" else 0
+    return level_rank(ip.get("best_level")) if ip.get("status") == VERIFIED else 0
 
 
 def qualifies(row: Row, a: Ask) -> bool:
@@ -224,7 +224,7 @@ def why_not(row: Row, a: Ask) -> str:
     """One line: why a matching row is not an answer."""
     st, best = row.status, row.best_level
     ip = row.in_place or {}
-    if ip.get("status") == "broken":
+    if ip.get("status") == BROKEN:
         f = ip.get("failure") or {}
         on = ", ".join((ip.get("host") or {}).get("gpu") or []) or "a node"
         return f"the same lock failed {f.get('level')} in place on {on}: {f.get('cause')}"
@@ -234,21 +234,21 @@ def why_not(row: Row, a: Ask) -> str:
         if ip.get("refused"):
             return f"could not be judged in place: {ip['refused']}"
         return f"in place: {ip.get('status')} up to {ip.get('best_level') or 'no level'} (< {a.level})"
-    if st == "verified" and not row.pinned:
+    if st == VERIFIED and not row.pinned:
         return "marked verified but has no digest: refused"
-    if st == "broken":
+    if st == BROKEN:
         f = row.failure
         d = f" - {f.detail.splitlines()[-1]}" if f and f.detail.strip() else ""
         return f"broken at {f.level if f else None}: {f.cause if f else None}{d}"
-    if st == "untested":
+    if st == UNTESTED:
         undecided = [_state(k, v) for k, v in row.levels.items() if v.status != "not-run"]
         if row.build.status == ERROR:
             undecided.insert(0, f"build error ({row.build.cause})")
         what = ", ".join(undecided) or "never probed"
         return f"no verdict yet: {what}; infrastructure errors and needs-gpu are not verdicts"
-    if st == "unpinned":
+    if st == UNPINNED:
         return "passed, but the image was never pushed: no digest to pin"
-    if st != "verified":
+    if st != VERIFIED:
         return f"status {st!r}"
     if eligible(row) == 0:
         return "inconsistent row (its levels do not support its status): refused"
@@ -329,7 +329,7 @@ def attested_disagreement(row: Row, predicate: dict) -> str | None:
     not-run) may differ: a later night's infrastructure error decides nothing."""
     e = predicate.get("envbuild") if isinstance(predicate.get("envbuild"), dict) else {}
     result = predicate.get("result")
-    if row.status == "verified" and result == "FAILED":
+    if row.status == VERIFIED and result == "FAILED":
         return "the image's attested test result is FAILED, the table says verified"
     if e.get("status") is not None and e.get("status") != row.status:
         return f"the image's attested status is {e.get('status')!r}, the table says {row.status!r}"

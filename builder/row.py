@@ -25,7 +25,8 @@ from .probe.vocab import LEVELS
 TABLE_PAYLOAD_TYPE = "application/vnd.envbuild.compat-table+json"  # the DSSE payload type of compat.json
 SCHEMA = 2
 READABLE_SCHEMAS = (1, 2)
-STATUSES = ("verified", "broken", "untested", "unpinned")
+VERIFIED, BROKEN, UNTESTED, UNPINNED = "verified", "broken", "untested", "unpinned"
+STATUSES = (VERIFIED, BROKEN, UNTESTED, UNPINNED)
 
 
 def attestation_path(row_id: str) -> str:

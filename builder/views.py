@@ -15,7 +15,7 @@ from functools import lru_cache
 
 from . import drivers
 from .query import Ask, Facts, cells, facts, rank_key
-from .row import STATUSES, TABLE_PAYLOAD_TYPE, Row, Table
+from .row import BROKEN, STATUSES, TABLE_PAYLOAD_TYPE, VERIFIED, Row, Table
 from .probe.vocab import ENGINE_SPECS, ERROR, FAIL, LEVELS, NEEDS_GPU, PASS, level_rank
 from .probe.features import FEATURE_SPECS
 from .probe.hardware import DEFAULT_PLATFORM, PLATFORMS, gpu_names, parse_variant
@@ -230,6 +230,6 @@ def render_markdown(table: Table) -> str:
                          "image": _md(row.pinned) if row else "", "shown": _md(ans.shown.status)})
     return _template("compat.md.j2").render(
         table=table, counts=table.counts, levels=LEVELS, rows=[md_row(r) for r in table.rows], best=best,
-        in_place=sum(1 for r in table.rows if (r.in_place or {}).get("status") == "verified"),
-        census={s: sum(1 for r in table.rows if (r.census or {}).get("status") == s) for s in ("pass", "broken")},
+        in_place=sum(1 for r in table.rows if (r.in_place or {}).get("status") == VERIFIED),
+        census={s: sum(1 for r in table.rows if (r.census or {}).get("status") == s) for s in ("pass", BROKEN)},
         default_level=Ask().level, level_rank=level_rank)

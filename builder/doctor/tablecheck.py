@@ -6,6 +6,7 @@ from typing import Any
 
 from ..errors import EnvbuildError
 from ..query import exact, scope_hits
+from ..row import BROKEN, VERIFIED
 from ..probe.vocab import ENGINE, LEVELS, is_failing
 from ..probe.features import model_types, scope_flag
 from ..probe.hardware import DEFAULT_PLATFORM, host_platform, variant_tag
@@ -59,7 +60,7 @@ def check_table(opt: Options, engine: str, versions: dict, scopes: frozenset = f
     passed = [k for k, s in levels.items() if s == PASS]
     failed = [k for k, s in levels.items() if is_failing(s)]
     d = {"installed": have, "row": row.id, "levels": levels, "row_status": row.status}
-    if row.status == "broken":  # the status the query and pick read, not a second reading of the levels
+    if row.status == BROKEN:  # the status the query and pick read, not a second reading of the levels
         where = failed or [row.failure.level if row.failure else "build"]
         return Result("env", "env.table", FAIL, f"{label} is in the table as broken at {where}",
                       "switch to a verified combination (`envbuild pick`)", d)
@@ -77,7 +78,7 @@ def check_table(opt: Options, engine: str, versions: dict, scopes: frozenset = f
                       + ("" if model_types(hits[0]) else ", or switch that feature off"), d)
     avoided = f"; broken only with {', '.join(d['scopes']['broken_avoided'])}, which this run does not use" \
         if d["scopes"]["broken_avoided"] else ""
-    if row.status == "verified":
+    if row.status == VERIFIED:
         return Result("env", "env.table", PASS, f"{label} verified in the signed table at {passed}{avoided}",
                       details=d)
     return Result("env", "env.table", WARN, f"{label} is in the table but {row.status} ({levels})",
