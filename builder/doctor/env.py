@@ -10,6 +10,7 @@ from pathlib import Path
 from ..verl_config import VerlConfig
 from .. import drivers, host
 from ..probe.env_level import MIN_SHM_BYTES
+from ..probe import vocab  # the probe's statuses (doctor's own PASS/FAIL are its results')
 from ..probe.vocab import DEFAULT_ENGINE, ENGINE, ENGINES, QUIET, engine_of_rollout
 from ..probe.hardware import ACCELERATORS, variant_of
 from .tablecheck import check_table
@@ -93,7 +94,7 @@ def run_probe(engine: str, opt: Options) -> Result:
     from ..probe_exec import probe_here  # the one probe launcher (envbuild.probe_exec): no container engine
 
     v = probe_here(level="contract", engine=engine, expect={}, timeout=opt.probe_timeout)
-    if v.get("status") == "timeout":
+    if v.get("status") == vocab.TIMEOUT:
         return Result("env", "env.probe", FAIL,
                       f"probe (env + contract) did not finish in {opt.probe_timeout:.0f}s",
                       f"run `envbuild probe --here --level contract --engine {engine}` by hand to see where")
@@ -106,12 +107,12 @@ def run_probe(engine: str, opt: Options) -> Result:
     names = ", ".join(f"{c['name']} ({c.get('cause') or c['status']})" for c in bad[:5])
     details = {"verdict": v, "versions": v.get("versions", {})}
     n = len(v.get("checks", []))
-    if status == "pass":
+    if status == vocab.PASS:
         return Result("env", "env.probe", PASS, f"probe env+contract for {engine}: {n} checks pass", details=details)
-    if status == "needs-gpu":
+    if status == vocab.NEEDS_GPU:
         return Result("env", "env.probe", WARN, f"probe env+contract for {engine}: some checks need a GPU: {names}",
                       "run doctor on a GPU machine for a full verdict", details)
-    if status == "fail":
+    if status == vocab.FAIL:
         return Result("env", "env.probe", FAIL, f"probe env+contract for {engine} fails: {names}",
                       "use a verified image (`envbuild pick`) or fix the versions the probe names", details)
     return Result("env", "env.probe", WARN, f"the probe itself errored ({names or status})",
