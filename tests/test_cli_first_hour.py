@@ -34,14 +34,16 @@ def test_an_unwritable_output_is_one_line_naming_the_path(run_cli, tmp_path):
         assert str(bad) in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
 
 
-def test_build_says_what_it_would_build_and_asks_above_a_few(run_cli):
+def test_build_says_what_it_would_build_and_asks_above_one_image(run_cli):
     p = run_cli("build", "--dry-run", "--cuda", "cu126", "--vllm", "0.8.4")
     assert p.returncode == 0 and p.stdout.startswith("envbuild build --dry-run: 3 image(s), up to ~26 GB")
     assert "verl0.4.1-vllm0.8.4-torch2.6.0-cu126-py3.11" in p.stdout
     j = json.loads(run_cli("build", "--dry-run", "--json", "--cuda", "cu126", "--vllm", "0.8.4").stdout)  # issue 50
     assert j["images"] == 3 and "verl0.4.1-vllm0.8.4-torch2.6.0-cu126-py3.11" in [c["id"] for c in j["combinations"]]
-    q = run_cli("build", "--cuda", "cu126")  # no terminal, no --yes: refused before anything starts
+    # the headline itself plans three images: no terminal, no --yes, refused before anything starts
+    q = run_cli("build", "--cuda", "cu126", "--vllm", "0.8.4")
     assert q.returncode == 2 and "pass --yes" in q.stderr and len(q.stderr.strip().splitlines()) == 1
+    assert "3 image(s), up to ~26 GB" in q.stderr
 
 
 def test_an_unreachable_pytorch_index_is_one_question_with_the_fix(run_cli, tmp_path, isolated_cache):
