@@ -4,6 +4,7 @@ a team configures before the first night and what a night costs."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
@@ -93,14 +94,16 @@ def add_arguments(g) -> None:
                    help=f"runner building linux/arm64 rows natively (default: {DEFAULT_ARM64_BUILD_RUNNER})")
     g.add_argument("--install", default=None, metavar="SPEC",
                    help="what jobs `pip install`, pinned to one build: git+https://HOST/PATH@<commit> or a wheel "
-                        "URL#sha256=<hash> (default: `.` in envbuild's own repository, else this envbuild's "
-                        "git checkout pinned by commit; required when neither); vars.ENVBUILD_INSTALL overrides "
-                        "it at run time")
+                        "URL#sha256=<hash>, written with the `all` extra (default: `.[all]` in envbuild's own "
+                        "repository, else this envbuild's git checkout pinned by commit; required when neither); "
+                        "vars.ENVBUILD_INSTALL overrides it at run time")
     g.add_argument("--gpu-runners", choices=("yes", "none"), default="yes",
                    help="none: no probe jobs; builds probe env and contract on their CPU (default: yes)")
     g.add_argument("--action-pins", metavar="FILE",
                    help="YAML/JSON {action@tag: commit}: pin the actions used by SHA")
     g.add_argument("--check", action="store_true", help="exit 1 if the file on disk differs (write nothing)")
+    g.add_argument("--json", action="store_true",
+                   help="print {files, stale (with --check), install, checklist} as JSON instead of the lines")
 
 
 def run(args) -> int:
@@ -199,17 +202,25 @@ def _run_github(args) -> int:
                                                              arm_labels, args.arm64_build_runner, install, gpu,
                                                              pins, opt),
              Path(args.out) / ACTIONLINT_FILE: render_actionlint_config(custom, args.out)}
+    as_json = getattr(args, "json", False)
     if args.check:
         stale = [p for p, text in files.items() if (p.read_text() if p.is_file() else None) != text]
+        if as_json:
+            print(json.dumps({"files": [str(p) for p in files], "stale": [str(p) for p in stale], "install": install}))
         for p in stale:
             print(f"{p}: stale; regenerate with `envbuild ci github{out_option(args.out)}`", file=sys.stderr)
-        if not stale:
+        if not stale and not as_json:
             print(" ".join(map(str, files)) + ": up to date")
         return errors.VERDICT if stale else errors.OK  # a failed check, as a regression is
     for p, text in files.items():
         write_atomic(p, text)
-        print(p)
     from .expand import plan
-    for line in checklist(m, len(plan(m).combos), gpu, labels, install):
+    lines = checklist(m, len(plan(m).combos), gpu, labels, install)
+    if as_json:
+        print(json.dumps({"files": [str(p) for p in files], "install": install, "checklist": lines}, indent=2))
+        return errors.OK
+    for p in files:
+        print(p)
+    for line in lines:
         print(line, file=sys.stderr)
-    return 0
+    return errors.OK

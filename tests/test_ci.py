@@ -423,6 +423,14 @@ def test_a_workflow_for_a_team_repository(tmp_path, run_cli):
     # --check: the options are in the header, so regenerating the same way finds it up to date
     assert run_cli("ci", "github", "--gpu-runners", "none", "--action-pins", pins, "--install", spec, "--check",
                    cwd=repo).returncode == 0
+    # --json (issue 50): the same facts for a script, the checklist included
+    j = run_cli("ci", "github", "--gpu-runners", "none", "--action-pins", pins, "--install", spec, "--json", cwd=repo)
+    got = json.loads(j.stdout)
+    assert j.returncode == 0 and got["install"] == "envbuild[all] @ " + spec and not j.stderr.strip()
+    assert any("ENVBUILD_SIGNING_KEY" in line for line in got["checklist"]) and len(got["files"]) == 2
+    j = run_cli("ci", "github", "--gpu-runners", "none", "--action-pins", pins, "--install", spec, "--check", "--json",
+                cwd=repo)
+    assert j.returncode == 0 and json.loads(j.stdout)["stale"] == []
     bare = tmp_path / "bare"
     bare.mkdir()
     q = run_cli("ci", "github", cwd=bare)
