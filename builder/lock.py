@@ -130,7 +130,9 @@ class Locker:
         res.era = when
         key = sha256_of(json.dumps({"reqs": reqs, "era": when, "python": c.python, "platform": platform_tag(c.glibc, c.platform),
                                "torch_index": res.torch_index, "uv": self.uv_version, "v": 4,
-                               "no_build": self.no_build, "allow_build": self.allow_build}))
+                               "no_build": self.no_build, "allow_build": self.allow_build,
+                               **({"engine_index": ENGINE[c.engine].extra_index}
+                                  if c.engine in ENGINE and ENGINE[c.engine].extra_index else {})}))
         d, cached = self._cached(key, lambda: self._gate(src) or self._resolve(reqs, when, c, src))
         if d["status"] == "index-unreachable" and not d["text"].startswith(("the PyTorch index", "the package index")):
             d = {**d, "text": unreachable_hint(d["text"], src)}
@@ -403,6 +405,7 @@ class Locker:
             with self._lk:
                 self.argv.append(list(cmd))
         with scratch_dir("envbuild-lock-") as tmp:  # swept after a kill -9 (scratch.py)
+            spec = ENGINE.get(c.engine or "")
             return compile_requirements(reqs, when, c.python, platform_tag(c.glibc, c.platform),
                                         src.url if src is not None else None, lifts, tmp, hashes=hashes,
-                                        fmt=fmt, on_argv=seen)
+                                        fmt=fmt, on_argv=seen, engine_index=spec.extra_index if spec else None)

@@ -45,9 +45,10 @@ def uv_version() -> str:
 
 def compile_requirements(reqs: list[str], when: str, python: str, platform: str, torch_index: str | None,
                          lifts: dict[str, str], workdir: str | os.PathLike, hashes: bool = True,
-                         fmt: str = "requirements", on_argv=None) -> dict:
+                         fmt: str = "requirements", on_argv=None, engine_index: str | None = None) -> dict:
     """One `uv pip compile` -> {"status", "text"}: `platform` as uv's --python-platform, the era
-    `when` as --exclude-newer, `lifts` as per-package cutoffs, `torch_index` searched first.
+    `when` as --exclude-newer, `lifts` as per-package cutoffs, `torch_index` searched first, then
+    the engine's own index (vocab.EngineSpec.extra_index), then the configured one.
     Index URLs go through uv's environment, never its argv (on_argv sees the argv). uv runs in
     `workdir` (the caller's scratch folder, swept after a kill -9)."""
     env = {k: v for k, v in os.environ.items() if k not in ("UV_INDEX_URL", "UV_EXTRA_INDEX_URL")}
@@ -68,11 +69,14 @@ def compile_requirements(reqs: list[str], when: str, python: str, platform: str,
     cmd += ["--exclude-newer", when] if when else []
     for name, date in sorted(lifts.items()):
         cmd += ["--exclude-newer-package", f"{name}={date}"]
+    if engine_index:  # the engine's wheels: searched before the default index, best match across both
+        env["UV_INDEX"] = " ".join(x for x in (engine_index, os.environ.get("UV_INDEX", "")) if x)
+        env["UV_INDEX_STRATEGY"] = "unsafe-best-match"
     if torch_index:
         # Searched before the default index. Its pages carry no upload times, which the
         # cutoff would take for "too new": torch (pinned by version and variant) is exempt,
         # and every other package is taken from whichever index has the best match.
-        env["UV_INDEX"] = " ".join(x for x in (torch_index, os.environ.get("UV_INDEX", "")) if x)
+        env["UV_INDEX"] = " ".join(x for x in (torch_index, env.get("UV_INDEX", "")) if x)
         env["UV_INDEX_STRATEGY"] = "unsafe-best-match"
         cmd += ["--exclude-newer-package", "torch=false"] if when else []
     if on_argv is not None:

@@ -33,6 +33,7 @@ from .index_config import redact
 from .lockmodel import ordered_wheel_tags
 from .lockfile import pins_of
 from .materialize import host_matches
+from .probe.vocab import ENGINE
 
 CHUNK = 1 << 20
 
@@ -139,6 +140,8 @@ def add_row(out: Path, doc: dict, c, layers: dict[str, str], meta: Metadata, hos
     -> (its files, bytes downloaded, files left to the node)."""
     prio = _priority(ordered_wheel_tags(c.python, c.glibc, c.platform))
     files, got, skipped, lock_files = [], 0, 0, []
+    spec = ENGINE.get(c.engine or "")
+    engine_meta = Metadata(index=spec.extra_index) if spec and spec.extra_index else None  # where the lock found them
     for name_, text in layers.items():
         rel = f"locks/{c.id}/{name_}.txt"
         write_atomic(out / rel, text)
@@ -146,6 +149,8 @@ def add_row(out: Path, doc: dict, c, layers: dict[str, str], meta: Metadata, hos
         for name, (version, hashes) in sorted(pins_of(text).items()):
             index_meta = Metadata(index=torch_index) if (name == "torch" and torch_index) else meta
             f = choose_file(index_meta.files(name), version, hashes, prio)
+            if f is None and engine_meta is not None:
+                f = choose_file(engine_meta.files(name), version, hashes, prio)
             if f is None:
                 raise InfraError("missing-wheel", f"{c.id}: no file of {name}=={version} on the index has a "
                                                   "hash the lock lists and fits the row's platform")

@@ -88,6 +88,27 @@ def test_non_default_variant_comes_from_the_public_pytorch_index(monkeypatch):
     assert torch_source("cu126", "2.6.0", meta, "https://mirror.example/whl").url == "http://127.0.0.1:8/pt/cu126"
 
 
+def test_an_engines_own_index_is_searched_when_its_rows_are_locked(tmp_path, monkeypatch):
+    """vocab.EngineSpec.extra_index (issue 51): uv is given the engine's index before the configured
+    one (after the PyTorch index), best match across them; a row of another engine is not."""
+    from envbuild import uvcompile
+
+    uv = tmp_path / "uv"
+    uv.write_text('#!/bin/sh\nprintf "%s|%s" "$UV_INDEX" "$UV_INDEX_STRATEGY" > requirements.txt\n')
+    uv.chmod(0o755)
+    monkeypatch.setattr(uvcompile, "uv_exe", lambda: str(uv))
+    monkeypatch.setattr(uvcompile, "default_index_url", lambda: "https://index.invalid/simple")
+    monkeypatch.delenv("UV_INDEX", raising=False)
+    args = (["x==1"], "", "3.11", "x86_64-manylinux_2_28")
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir(), (tmp_path / "c").mkdir()
+    got = uvcompile.compile_requirements(*args, None, {}, tmp_path / "a", engine_index="https://engine.invalid/simple")
+    assert got == {"status": "ok", "text": "https://engine.invalid/simple|unsafe-best-match"}
+    got = uvcompile.compile_requirements(*args, "https://torch.invalid/cu130", {}, tmp_path / "b",
+                                         engine_index="https://engine.invalid/simple")
+    assert got["text"] == "https://torch.invalid/cu130 https://engine.invalid/simple|unsafe-best-match"
+    assert uvcompile.compile_requirements(*args, None, {}, tmp_path / "c")["text"] == "|"
+
+
 @pytest.mark.network
 def test_lock_is_era_consistent_layered_and_cached(tmp_path, isolated_cache):
     m = load_matrix(default_matrix())

@@ -343,3 +343,30 @@ def test_an_image_whose_lock_pins_a_jit_library_compiles_its_kernels_ahead_of_ti
     # after the probe is in the image (the step runs it) and before the labels, in the final stage
     assert text.index("ENV PYTHONPATH=/opt/envbuild") < text.index(step) < text.index("LABEL ")
     assert "--mount=type=tmpfs,target=/tmp" in step
+
+
+def test_an_engines_system_packages_and_index_come_from_its_descriptor(monkeypatch):
+    """vocab.EngineSpec (issue 51): an engine that needs a system library at import and serves its
+    wheels from an index of its own (as TensorRT-LLM's MPI runtime and NVIDIA's index would) gets
+    an apt step right before its layers and that index on its layers' install, from the descriptor
+    alone; the layers below stay the other engines', and an engine without them renders as before."""
+    import dataclasses
+
+    from envbuild.probe import vocab
+
+    before = render_dockerfile(VLLM, fake_lock(VLLM), NV)
+    spec = dataclasses.replace(vocab.ENGINE["vllm"], system_packages=("libopenmpi3", "libnuma1"),
+                               extra_index="https://engine-wheels.invalid/simple")
+    monkeypatch.setitem(vocab.ENGINE, "vllm", spec)
+    text = render_dockerfile(VLLM, fake_lock(VLLM), NV)
+    step = next(r for r in _runs(text) if "apt-get install" in r and "libopenmpi3" in r)
+    assert "--no-install-recommends libopenmpi3 libnuma1" in step and "rm -rf /var/lib/apt/lists/*" in step
+    cut = "# The rollout engine"
+    head = text.index("# What vllm's runtime loads from the system")
+    assert head < text.index(step) < text.index(cut) and text[:head] == before[:head]  # base, torch: as before
+    installs = [r for r in _runs(text) if "uv pip install --no-deps" in r]
+    engine = [r for r in installs if "from locks/engine" in r or "from locks/kernels" in r]  # cut from the engine's lock
+    assert engine and all("--index https://engine-wheels.invalid/simple --index-strategy unsafe-best-match" in r
+                          for r in engine)
+    assert all("engine-wheels.invalid" not in r for r in installs if r not in engine)
+    assert "engine-wheels.invalid" not in before and "libopenmpi3" not in before

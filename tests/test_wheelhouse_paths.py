@@ -87,3 +87,39 @@ def test_the_wheelhouse_installs_only_the_lock_its_row_and_the_signed_table_name
     # a wheelhouse without its full lock cannot be checked against a signed table
     with pytest.raises(InputError, match="full_lock"):
         check_lock(tmp_path, {k: v for k, v in row.items() if k != "full_lock"}, row["lock_hash"])
+
+
+def test_a_wheel_only_the_engines_own_index_serves_is_fetched_from_it(tmp_path, monkeypatch):
+    """vocab.EngineSpec.extra_index (issue 51): the wheelhouse looks where the lock found the wheel
+    (the engine's own index) when the configured one has no file with the lock's hash; a row of an
+    engine without one stops with missing-wheel, as before."""
+    import dataclasses
+
+    from envbuild import wheelhouse
+    from envbuild.errors import InfraError
+    from envbuild.probe import vocab
+    from envbuild.values import Combo
+
+    sha = "c" * 64
+    wheel = {"filename": "engwheel-1.0-py3-none-any.whl", "url": "https://engine.invalid/engwheel-1.0-py3-none-any.whl",
+             "hashes": {"sha256": sha}, "size": 3}
+
+    class Meta:
+        def __init__(self, index=None):
+            self.index = index
+
+        def files(self, name):
+            return [wheel] if self.index == "https://engine.invalid/simple" and name == "engwheel" else []
+
+    monkeypatch.setattr(wheelhouse, "Metadata", Meta)
+    monkeypatch.setattr(wheelhouse, "download", lambda f, path: 3)
+    lock = f"engwheel==1.0 \\\n    --hash=sha256:{sha}\n"
+    c = Combo("0.9.1", "vllm", "0.24.0", "2.11.0", "cu130", "3.12", glibc="2.28")
+    with pytest.raises(InfraError, match="no file of engwheel==1.0"):
+        wheelhouse.add_row(tmp_path / "a", {"schema": 1, "rows": {}}, c, {"engine": lock}, Meta(), {},
+                           lock_hash="ab" * 32, era="2026-10-01")
+    monkeypatch.setitem(vocab.ENGINE, "vllm", dataclasses.replace(vocab.ENGINE["vllm"],
+                                                                  extra_index="https://engine.invalid/simple"))
+    files, got, _ = wheelhouse.add_row(tmp_path / "b", {"schema": 1, "rows": {}}, c, {"engine": lock}, Meta(), {},
+                                       lock_hash="ab" * 32, era="2026-10-01")
+    assert [f["file"] for f in files] == ["files/engwheel-1.0-py3-none-any.whl"] and got == 3

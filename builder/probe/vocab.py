@@ -110,6 +110,10 @@ class EngineSpec:
     side_by_side  the probe's default for --side-by-side: "auto" where judging the contract level
                beside the gpu level was measured faster on a GPU node (the gpu level does not
                wait on verl's import), "no" where it was never measured (SGLang)
+    system_packages  Debian packages its runtime loads at import (an MPI library): installed in the
+               image right before its layers; on a node without them the env level's import says so
+    extra_index  an index its wheels come from besides the configured one: searched when its rows
+               are locked and when their engine layers install
     """
 
     name: str
@@ -124,6 +128,8 @@ class EngineSpec:
     ports_from: int | None = None
     runs_on_cpu: bool = False
     side_by_side: str = "no"
+    system_packages: tuple[str, ...] = ()
+    extra_index: str | None = None
 
 
 ENGINE_SPECS = (
