@@ -305,3 +305,21 @@ def test_without_the_trainer_entry_nothing_is_ruled_out(tmp_path):
     s = sc.scope("verl.models.transformers.glm4v", 1)
     assert s["scope"] == features.CORE and "multiturn_sft_dataset.py:1" in s["why"]
     assert sc.scope("verl.trainer.sft_trainer", 1)["scope"] == features.CORE
+
+
+def test_a_written_verdict_never_aliases_the_verdict_it_was_written_from():
+    """The probe writes its verdict at each level's end: each write's `total` is its own time, and
+    writing leaves the verdict as it was (the one Verdict model, issue 51)."""
+    import time
+
+    v = Verdict(level="contract", engine="hf")
+    v.metrics["n"] = 1
+    first = v.to_dict("env")
+    time.sleep(0.02)
+    second = v.to_dict()
+    assert "total" not in v.timings and second["timings"]["total"] > first["timings"]["total"]
+    first["metrics"]["n"] = 2
+    assert v.metrics == {"n": 1} and (first["schema"], first["level"], second["level"]) == (1, "env", "contract")
+    back = Verdict.of(second)
+    again = back.to_dict()
+    assert again == second and again is not second and again["timings"] is not back.timings

@@ -5,6 +5,7 @@ Standard library only: this package is copied into images where envbuild is not 
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import tempfile
@@ -109,6 +110,7 @@ class Verdict:
     reused_from: str | None = None  # the record whose verdict this is (probe_run reuses by content)
     given: tuple | None = None  # (status, cause) as written or stated; None: folded from the checks
     extra: dict = field(default_factory=dict)
+    written: frozenset = frozenset()  # the keys a verdict read back had: written back, even when empty
     started: float = field(default_factory=time.time)
     current_level: str | None = None  # set by at_level(); stamped on every check added meanwhile
 
@@ -133,7 +135,7 @@ class Verdict:
             peak_gpu_mem=mem if isinstance(mem, int) and not isinstance(mem, bool) else None,
             reused_from=d.get("reused_from") if isinstance(d.get("reused_from"), str) else None,
             given=(status if status in VERDICT_STATUSES else ERROR, None if d.get("cause") is None else str(d["cause"])),
-            extra={k: x for k, x in d.items() if k not in _KNOWN})
+            extra={k: x for k, x in d.items() if k not in _KNOWN}, written=frozenset(d))
 
     @classmethod
     def stated(cls, level: str | None, status: str, cause: str | None = None, **kw) -> "Verdict":
@@ -245,18 +247,15 @@ class Verdict:
                  engine=self.engine, expect=self.expect, checks=[c.to_dict() for c in self.checks],
                  versions=self.versions, hardware=self.hardware, caveats=self.caveats, gpu=self.gpu,
                  timings=self.timings)
-        if self.given is None:  # the probe writing
-            d.update(schema=SCHEMA, metrics=self.metrics, peak_gpu_mem=self.peak_gpu_mem)
+        probe = self.given is None  # the probe writing: every field
+        for key, value in (("metrics", self.metrics), ("peak_gpu_mem", self.peak_gpu_mem), ("runner", self.runner),
+                           ("reused_from", self.reused_from)):
+            if (probe and key in ("metrics", "peak_gpu_mem")) or value or key in self.written:
+                d[key] = value
+        d = copy.deepcopy(d)  # what is written never aliases the verdict (the probe writes it at each level's end)
+        if probe:
+            d["schema"] = SCHEMA
             d["timings"].setdefault("total", round(time.time() - self.started, 4))
-            return d
-        if self.metrics:
-            d["metrics"] = self.metrics
-        if self.peak_gpu_mem is not None:
-            d["peak_gpu_mem"] = self.peak_gpu_mem
-        if self.runner:
-            d["runner"] = self.runner
-        if self.reused_from:
-            d["reused_from"] = self.reused_from
         return d
 
 
