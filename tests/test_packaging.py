@@ -189,3 +189,43 @@ def test_the_readmes_pick_only_install_line_installs_what_pick_and_verify_run_on
                             capture_output=True, text=True, check=True).stdout
     names = {d["name"].lower() for d in json.loads(listed)}
     assert not names & {"pyyaml", "jinja2", "rich", "uv", "oras", "omegaconf", "hydra-core", "requests"}, names
+
+
+@pytest.mark.network
+def test_the_readmes_offline_node_install_runs_venv_and_probe(tmp_path):
+    """Issue 50: the README's three lines that put envbuild onto an offline GPU node, as written
+    (read from the README; this Python's version for the node's, paths put in): wheels gathered
+    with the index, installed with none, and the node's commands (`venv`, `probe --here`) run;
+    nothing of the build side came with them."""
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"```sh\n(pip wheel --no-deps -w ENVWH CLONE.*?)```", text, re.S).group(1)
+    lines = [re.sub(r"\s+# .*$", "", ln) for ln in block.strip().splitlines()]
+    assert len(lines) == 3 and "--no-index" in lines[2]
+    py = "%d.%d" % sys.version_info[:2]
+    sub = {"ENVWH": str(tmp_path / "envwh"), "CLONE": str(ROOT), "EB": str(tmp_path / "eb"), "3.12": py,
+           "pip ": f"{sys.executable} -m pip ", "python3 -m venv": f"{sys.executable} -m venv"}
+    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    for i, line in enumerate(lines):
+        for a, b in sub.items():
+            line = line.replace(a, b)
+        if i == 2:
+            line = line.replace(f"{tmp_path / 'eb'}/bin/{sys.executable} -m pip ", f"{tmp_path / 'eb'}/bin/pip ")
+            env = {k: v for k, v in env.items() if not k.startswith(("PIP_INDEX", "PIP_EXTRA"))}
+        p = subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=600, env=env)
+        assert p.returncode == 0, (line, p.stderr[-2000:])
+    eb = tmp_path / "eb" / "bin"
+    listed = subprocess.run([str(eb / "python"), "-m", "pip", "list", "--format", "json"], capture_output=True,
+                            text=True, check=True).stdout
+    names = {d["name"].lower() for d in json.loads(listed)}
+    assert {"envbuild", "packaging", "pyyaml", "securesystemslib"} <= names
+    assert not names & {"jinja2", "rich", "uv", "oras", "omegaconf", "hydra-core", "requests"}, names
+    state = {"ENVBUILD_STATE": str(tmp_path / "state"), "ENVBUILD_CONFIG": str(tmp_path / "config")}
+    for args in (["venv", "--help"], ["probe", "--here", "--level", "env", "--engine", "hf",
+                                      "--output", str(tmp_path / "v.json")]):
+        p = subprocess.run([str(eb / "envbuild"), *args], capture_output=True, text=True, timeout=600,
+                           env={**os.environ, **state}, cwd=tmp_path)
+        assert p.returncode in (0, 1, 3) and "Traceback" not in p.stderr and "envbuild[all]" not in p.stderr, \
+            (args, p.stderr[-2000:])
+    assert json.loads((tmp_path / "v.json").read_text())["level"] == "env"
