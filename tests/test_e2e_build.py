@@ -293,6 +293,12 @@ def test_build_push_pull_and_no_secret_in_layers(services, base, tmp_path):
         assert again.run_id != hf.run_id and again.image["reused"] and again.image["digest"] == hf.image["digest"], \
             (again.image, hf.image, p.stdout[-2000:], p.stderr[-2000:])
 
+        # The registry's copies (uncompressed on a loopback registry, ~10 GB) and the images have said
+        # what they had to: freed before the second build of the vLLM image, on a disk other runs share
+        # (a registry that ran out of it answered a blob upload with HTTP 500 here).
+        engine.remove(*refs, force=True)
+        _delete_repo(repo)
+
         # equal inputs, equal layers: the vLLM image built again from nothing (--no-cache: no layer
         # and fresh cache mounts, as on a new machine) has every layer of the first, byte for byte;
         # its lock pins setuptools over the venv's seed, and /etc gets the builder's stubs. (Docker
