@@ -27,7 +27,7 @@ import os
 import struct
 from dataclasses import dataclass, field
 
-from .hardware import CUDA_KIND
+from .hardware import CUDA_KIND, parse_gpu
 
 FATBIN_MAGIC = 0xBA55ED50
 KIND_PTX, KIND_SASS = 1, (2, 0x10)  # 0x10: a cubin stored the alternate way; cuobjdump lists it as ELF
@@ -71,10 +71,9 @@ class Coverage:
 
 
 def parse_sm(value: str) -> int | None:
-    """`sm_90`, `sm90`, `90`, `9.0`, `compute_90`, or a product name (H100, GB200) -> 90: CUDA's
-    spellings, from its descriptor (hardware.CUDA_KIND)."""
-    name = str(value).strip().upper().replace(" ", "").replace("-", "")
-    return GPUS[name] if name in GPUS else CUDA_KIND.arch_number(value)
+    """`sm_90`, `sm90`, `90`, `9.0`, `compute_90`, or a product name (H100, GB200) -> 90: what
+    hardware.parse_gpu reads, as CUDA's number."""
+    return CUDA_KIND.arch_number(parse_gpu(value))
 
 
 def _fatbin_range(f) -> tuple[int, int] | None:
