@@ -33,7 +33,7 @@ from .errors import EnvbuildError
 from .lockmodel import LockResult
 from .lockfile import parse_lock, text_of
 from .values import Base, Combo
-from .probe.vocab import ENGINE, ENGINE_SPECS, jit_kernels_for
+from .probe.vocab import ENGINE, ENGINE_SPECS, engine_index, jit_kernels_for
 
 # (group, name prefixes), first match wins; the last group takes every other nvidia-* wheel.
 CUDA_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -130,18 +130,15 @@ class ImageModel:
         return sorted(n for n in layer.packages if canonicalize_name(n) in names)
 
     @property
-    def engine_spec(self):
-        return ENGINE.get(self.combo.engine or "")
-
-    @property
     def system_packages(self) -> tuple[str, ...]:
         """What the engine's runtime needs from the system (vocab.EngineSpec.system_packages)."""
-        return self.engine_spec.system_packages if self.engine_spec else ()
+        spec = ENGINE.get(self.combo.engine or "")
+        return spec.system_packages if spec else ()
 
     @property
     def engine_index(self) -> str | None:
-        """The engine's own index (vocab.EngineSpec.extra_index), for its layers' install."""
-        return self.engine_spec.extra_index if self.engine_spec else None
+        """The engine's own index (vocab.engine_index), for its layers' install."""
+        return engine_index(self.combo.engine)
 
     @property
     def jit_kernels(self) -> list[str]:

@@ -55,7 +55,7 @@ from .values import Combo
 
 from .paths import cache_dir
 from .scratch import scratch_dir
-from .probe.vocab import ENGINE, VERL_RUNTIME_EXTRAS, dist_of
+from .probe.vocab import ENGINE, VERL_RUNTIME_EXTRAS, dist_of, engine_index
 from .probe.hardware import platform_machine
 
 LAYERS = ("torch", "engine", "verl")
@@ -131,8 +131,7 @@ class Locker:
         key = sha256_of(json.dumps({"reqs": reqs, "era": when, "python": c.python, "platform": platform_tag(c.glibc, c.platform),
                                "torch_index": res.torch_index, "uv": self.uv_version, "v": 4,
                                "no_build": self.no_build, "allow_build": self.allow_build,
-                               **({"engine_index": ENGINE[c.engine].extra_index}
-                                  if c.engine in ENGINE and ENGINE[c.engine].extra_index else {})}))
+                               **({"engine_index": engine_index(c.engine)} if engine_index(c.engine) else {})}))
         d, cached = self._cached(key, lambda: self._gate(src) or self._resolve(reqs, when, c, src))
         if d["status"] == "index-unreachable" and not d["text"].startswith(("the PyTorch index", "the package index")):
             d = {**d, "text": unreachable_hint(d["text"], src)}
@@ -405,7 +404,6 @@ class Locker:
             with self._lk:
                 self.argv.append(list(cmd))
         with scratch_dir("envbuild-lock-") as tmp:  # swept after a kill -9 (scratch.py)
-            spec = ENGINE.get(c.engine or "")
             return compile_requirements(reqs, when, c.python, platform_tag(c.glibc, c.platform),
                                         src.url if src is not None else None, lifts, tmp, hashes=hashes,
-                                        fmt=fmt, on_argv=seen, engine_index=spec.extra_index if spec else None)
+                                        fmt=fmt, on_argv=seen, engine_index=engine_index(c.engine))

@@ -33,7 +33,7 @@ from .index_config import redact
 from .lockmodel import ordered_wheel_tags
 from .lockfile import pins_of
 from .materialize import host_matches
-from .probe.vocab import ENGINE
+from .probe.vocab import engine_index
 
 CHUNK = 1 << 20
 
@@ -140,8 +140,8 @@ def add_row(out: Path, doc: dict, c, layers: dict[str, str], meta: Metadata, hos
     -> (its files, bytes downloaded, files left to the node)."""
     prio = _priority(ordered_wheel_tags(c.python, c.glibc, c.platform))
     files, got, skipped, lock_files = [], 0, 0, []
-    spec = ENGINE.get(c.engine or "")
-    engine_meta = Metadata(index=spec.extra_index) if spec and spec.extra_index else None  # where the lock found them
+    own = engine_index(c.engine)
+    engine_meta = Metadata(index=own) if own else None  # where the lock found the engine's wheels
     for name_, text in layers.items():
         rel = f"locks/{c.id}/{name_}.txt"
         write_atomic(out / rel, text)

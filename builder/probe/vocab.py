@@ -146,6 +146,12 @@ ENGINE_SPECS = (
 )
 DEFAULT_ENGINE = "vllm"  # verl's default rollout (actor_rollout_ref.rollout.name)
 ENGINE = {e.name: e for e in ENGINE_SPECS}
+
+
+def engine_index(engine: str | None) -> str | None:
+    """The index a combination's engine serves its wheels from besides the configured one."""
+    spec = ENGINE.get(engine or "")
+    return spec.extra_index if spec else None
 ENGINES = tuple(ENGINE)
 VERSIONED_ENGINES = tuple(e.name for e in ENGINE_SPECS if e.versioned)
 # verl's own runtime extras, taken where a release provides them: from 0.9 the trainer's runtime
