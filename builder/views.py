@@ -10,7 +10,6 @@ on neither list.
 from __future__ import annotations
 
 import json
-import re
 from functools import lru_cache
 
 from . import drivers
@@ -18,7 +17,7 @@ from .query import Ask, Facts, cells, facts, rank_key
 from .row import BROKEN, STATUSES, TABLE_PAYLOAD_TYPE, VERIFIED, Row, Table
 from .probe.vocab import ENGINE_SPECS, ERROR, FAIL, LEVELS, NEEDS_GPU, PASS, level_rank
 from .probe.features import FEATURE_SPECS
-from .probe.hardware import DEFAULT_PLATFORM, PLATFORMS, gpu_names, parse_variant
+from .probe.hardware import DEFAULT_PLATFORM, PLATFORMS, arch_key, gpu_names, parse_variant
 
 HISTORY_IN_PAGE = 10  # the page shows recent runs; compat.json keeps them all
 
@@ -100,7 +99,7 @@ def page_data(table: Table, pubkey: dict) -> dict:
     # Every GPU a user may have (the known ones, and any a row's kernels name): choosing one the
     # table has no kernels for must say so, not hide the choice.
     known = set(gpu_names().values()) | {s for r in rows for s in (facts(r).supports or ())}
-    gpus = sorted(known, key=lambda s: (re.sub(r"\d+$", "", s), int(re.sub(r"^\D*", "", s) or 0)))
+    gpus = sorted(known, key=arch_key)
     return {"generated": table.generated, "schema": table.schema, "serial": table.serial, "expires": table.expires,
             "keyid": pubkey.get("keyid"), "counts": table.counts, "rows": out_rows,
             "key": {"keyid": pubkey.get("keyid"), "public": keyval.get("public")},
@@ -130,10 +129,11 @@ def _variant_names(rows) -> dict[str, str]:
 
 
 def render_html(table: Table, pubkey: dict) -> str:
-    data = json.dumps(page_data(table, pubkey), sort_keys=True, separators=(",", ":"))
+    d = page_data(table, pubkey)
+    data = json.dumps(d, sort_keys=True, separators=(",", ":"))
     data = data.replace("<", "\\u003c")  # nothing in the data can close the <script> element
     return _template("index.html.j2").render(data=data, keyid=str(pubkey.get("keyid")),
-                                             generated=str(table.generated), driver_label=drivers.page_table()["label"])
+                                             generated=str(table.generated), driver_label=d["drivers"]["label"])
 
 
 # ---------------------------------------------------------------- compat.md

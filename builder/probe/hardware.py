@@ -140,6 +140,14 @@ def gpu_names() -> dict[str, str]:
     return {n: k.arch_name(cc) for k in ACCELERATORS.values() for n, cc in k.gpus.items()}
 
 
+def arch_key(spelling: str) -> tuple:
+    """The order of architecture spellings on the page: by kind, then number (sm_90 < sm_100)."""
+    for i, k in enumerate(ACCELERATORS.values()):
+        if k.arch_prefix and spelling.startswith(k.arch_prefix) and k.arch_number(spelling) is not None:
+            return (i, k.arch_number(spelling), spelling)
+    return (len(ACCELERATORS), 0, spelling)
+
+
 def parse_gpu(value: object) -> str | None:
     """What a user calls a GPU -> its architecture as the table spells it: a product name any kind
     knows (`H100`, `b300`, `NVIDIA H200`) or an architecture in a kind's spellings (`sm_90`,
