@@ -231,5 +231,5 @@ def render_markdown(table: Table) -> str:
     return _template("compat.md.j2").render(
         table=table, counts=table.counts, levels=LEVELS, rows=[md_row(r) for r in table.rows], best=best,
         in_place=sum(1 for r in table.rows if (r.in_place or {}).get("status") == VERIFIED),
-        census={s: sum(1 for r in table.rows if (r.census or {}).get("status") == s) for s in ("pass", BROKEN)},
+        census={s: sum(1 for r in table.rows if (r.census or {}).get("status") == s) for s in (PASS, BROKEN)},
         default_level=Ask().level, level_rank=level_rank)
