@@ -1,7 +1,8 @@
 """The values verl accepts for its enum-valued keys, read from verl's own code (never a list of
 ours): `algorithm.adv_estimator` (the AdvantageEstimator enum and every register_adv_est("name")
-in trainer/ppo/core_algos.py) and `actor_rollout_ref.rollout.name` (the rollout registry, read as
-the verdict's registry check reads it: probe.scope.rollout_registry).
+in trainer/ppo/core_algos.py), `actor_rollout_ref.rollout.name` and, where the registry is keyed by
+(name, mode) (0.6.1 on), `actor_rollout_ref.rollout.mode` (the rollout registry, read as the
+verdict's registry check reads it: probe.scope.rollout_registry).
 
 For an installed verl they are read from its files; for a recorded release from
 matrix/verl_config/<release>.json (ci/record_verl_config.py writes them beside the config).
@@ -17,6 +18,7 @@ from .probe.scope import rollout_registry
 
 ADV_KEY = "algorithm.adv_estimator"
 ROLLOUT_KEY = "actor_rollout_ref.rollout.name"
+MODE_KEY = "actor_rollout_ref.rollout.mode"
 CORE_ALGOS = "verl/trainer/ppo/core_algos.py"
 # The files choices_of_tree reads (the recorder extracts these from a wheel).
 SOURCES = (CORE_ALGOS, "verl/workers/rollout/base.py", "verl/workers/fsdp_workers.py")
@@ -32,6 +34,8 @@ def choices_of_tree(root: str | Path) -> dict[str, dict]:
     reg = rollout_registry(str(Path(root) / "verl"))
     if reg:
         out[ROLLOUT_KEY] = {"values": list(reg["names"]), "where": reg["where"]}
+        if reg.get("modes"):  # get_rollout_class(name, mode) finds nothing for another mode
+            out[MODE_KEY] = {"values": list(reg["modes"]), "where": reg["where"]}
     return out
 
 

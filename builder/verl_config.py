@@ -93,17 +93,23 @@ def compose_trainer_config(config_dir: Path, name: str = CONFIG_NAME) -> dict:
     return OmegaConf.to_container(cfg, resolve=False)
 
 
-def base_config(release: str | None = None) -> tuple[dict, str, dict]:
-    """(verl's default trainer config, where it came from, the values its enum-valued keys accept:
-    verl_choices). `release`: judge against that verl release; default: the installed verl, else
-    the newest recorded release."""
+def base_config(release: str | None = None, name: str = CONFIG_NAME) -> tuple[dict, str, dict]:
+    """(verl's default trainer config `name` (ppo_trainer, or what `--config-name` picks), where it
+    came from, what verl's code says about its values: {"choices": verl_choices, "refusals":
+    verl_refusals}). `release`: judge against that verl release; default: the installed verl,
+    else the newest recorded release."""
     from .verl_choices import installed_choices, recorded_choices
+    from .verl_refusals import installed_refusals
 
     inst = installed_config_dir()
     note = ""
     if inst and release in (None, inst[0]):
+        if not (inst[1] / f"{name}.yaml").is_file():
+            raise InputError("command line", None, "--config-name", name,
+                             f"verl {inst[0]} (installed) has no such trainer config in {inst[1]}")
         try:
-            return compose_trainer_config(inst[1]), f"verl {inst[0]}, installed", installed_choices()
+            return (compose_trainer_config(inst[1], name), f"verl {inst[0]}, installed",
+                    {"choices": installed_choices(), "refusals": installed_refusals(), "installed": True})
         except Exception as e:  # a broken install: judge against a recorded copy, and say so
             note = f" (the installed verl's config did not compose: {type(e).__name__})"
             release = inst[0]
@@ -116,7 +122,13 @@ def base_config(release: str | None = None) -> tuple[dict, str, dict]:
                          "(ci/record_verl_config.py records them)")
     path = recorded_dir() / f"{release}.json"
     rec = json.loads(path.read_text())
-    return rec["config"], f"verl {release}, recorded from its wheel{note}", recorded_choices(path)
+    configs = rec.get("configs") or {}
+    if name not in configs:
+        raise InputError("command line", None, "--config-name", name,
+                         f"not recorded for verl {release} (recorded: {', '.join(configs)}); install that verl "
+                         "to judge it")
+    return (configs[name], f"verl {release}, recorded from its wheel{note}",
+            {"choices": recorded_choices(path), "refusals": rec.get("refusals") or []})
 
 
 # --------------------------------------------------------------------------- the merged config
@@ -160,6 +172,9 @@ class VerlConfig:
     values: dict[str, Any] = field(default_factory=dict)  # dotted key -> raw (unresolved) value
     resolved: dict = field(default_factory=dict)
     choices: dict = field(default_factory=dict)  # key -> {"values", "where"}: what verl's code accepts
+    refusals: list = field(default_factory=list)  # verl_refusals: what verl's rollout refuses at start-up
+    installed: bool = False  # the base is the installed verl's (its own code can run here)
+    config_name: str = CONFIG_NAME
 
     def __post_init__(self) -> None:
         self.defaults = _flatten(self.base)
@@ -380,9 +395,13 @@ def _deadline(seconds: float):
         signal.signal(signal.SIGALRM, old)
 
 
-def build_config(config_file: str | None, overrides: list[str], verl: str | None = None) -> VerlConfig:
-    base, origin, choices = base_config(verl)
-    cfg = VerlConfig(base, origin, choices=choices)
+def build_config(config_file: str | None, overrides: list[str], verl: str | None = None,
+                 config_name: str = CONFIG_NAME) -> VerlConfig:
+    base, origin, facts = base_config(verl, config_name)
+    if config_name != CONFIG_NAME:
+        origin = origin.replace(", ", f" ({config_name}), ", 1)
+    cfg = VerlConfig(base, origin, choices=facts["choices"], refusals=facts["refusals"], config_name=config_name,
+                     installed=facts.get("installed", False))
     if config_file:
         cfg.merge_file(load_config_file(config_file), str(config_file))
     for o in overrides:

@@ -2,11 +2,13 @@
 """Record verl's composed trainer config per verl release, for `envbuild doctor` without verl.
 
 For each verl release of the matrix (or those named): `pip download --no-deps verl==X`, take
-verl/trainer/config/ out of the wheel, compose `ppo_trainer` with Hydra exactly as doctor does for
-an installed verl (envbuild.verl_config.compose_trainer_config), and write
-matrix/verl_config/X.json: {verl, source: {wheel, sha256}, config_name, config, choices} (choices:
-the values verl's code accepts for its enum-valued keys, envbuild.verl_choices). Unresolved
-interpolations stay as strings; JSON keeps YAML 1.2 floats as floats. Never edit these by hand.
+verl/trainer/config/ out of the wheel, compose `ppo_trainer` and `ppo_megatron_trainer` (what
+`--config-name` picks in verl's Megatron examples) with Hydra exactly as doctor does for an
+installed verl (envbuild.verl_config.compose_trainer_config), and write matrix/verl_config/X.json:
+{verl, source: {wheel, sha256}, configs: {name: config}, choices, refusals} (choices: the values
+verl's code accepts for its enum-valued keys, envbuild.verl_choices; refusals: what its rollout
+refuses at start-up from the config alone, envbuild.verl_refusals). Unresolved interpolations stay
+as strings; JSON keeps YAML 1.2 floats as floats. Never edit these by hand.
 
     python3 ci/record_verl_config.py [--check] [VERSION ...]
 
@@ -28,8 +30,10 @@ from envbuild.matrix import load_matrix
 from envbuild.paths import data_dir, default_matrix
 from envbuild.verl_choices import SOURCES, choices_of_tree
 from envbuild.verl_config import CONFIG_NAME, compose_trainer_config
+from envbuild.verl_refusals import refusals_of_tree, wheel_members
 
 PREFIX = "verl/trainer/config/"
+CONFIG_NAMES = (CONFIG_NAME, "ppo_megatron_trainer")
 
 
 def record(version: str, work: Path) -> dict:
@@ -40,11 +44,12 @@ def record(version: str, work: Path) -> dict:
     out = work / f"cfg-{version}"
     with zipfile.ZipFile(wheel) as z:
         for name in z.namelist():
-            if ".." not in name and ((name.startswith(PREFIX) and name.endswith(".yaml")) or name in SOURCES):
+            if ".." not in name and ((name.startswith(PREFIX) and name.endswith(".yaml")) or name in SOURCES
+                                     or wheel_members(name)):
                 z.extract(name, out)
-    config = compose_trainer_config(out / PREFIX, CONFIG_NAME)
+    configs = {n: compose_trainer_config(out / PREFIX, n) for n in CONFIG_NAMES if (out / PREFIX / f"{n}.yaml").is_file()}
     return {"verl": version, "source": {"wheel": wheel.name, "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest()},
-            "config_name": CONFIG_NAME, "config": config, "choices": choices_of_tree(out)}
+            "configs": configs, "choices": choices_of_tree(out), "refusals": refusals_of_tree(out)}
 
 
 def dump(rec: dict) -> str:

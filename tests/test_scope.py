@@ -164,6 +164,7 @@ def test_rollout_registry_from_code(tmp_path, v041):
         '''})
     reg = rollout_registry(new)
     assert reg["names"] == ["sglang", "trtllm", "vllm"] and reg["where"] == "verl/workers/rollout/base.py:2"
+    assert reg["modes"] == ["async"]  # the rollout.mode values its (name, mode) keys accept
 
 
 def _static(findings, calls=(), registry=None, engine="hf"):

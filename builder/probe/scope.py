@@ -311,7 +311,8 @@ _TOP_IMPORT = re.compile(r"^(?:import[ \t]+(?P<plain>[\w., \t]+)$|from[ \t]+(?P<
 def rollout_registry(root: str) -> dict | None:
     """The rollout names verl's trainer can select at this release, read from its code:
     `_ROLLOUT_REGISTRY` in workers/rollout/base.py (0.6.1 on), else the if/elif over the rollout
-    name in fsdp_workers._build_rollout (0.4, 0.5). {"names", "where"}; None when neither is there."""
+    name in fsdp_workers._build_rollout (0.4, 0.5). {"names", "where"} and, from the registry's
+    (name, mode) keys, "modes"; None when neither is there."""
     sc = Scoper(root)
     path = sc.path_of("verl.workers.rollout.base")
     tree = sc.tree(path) if path else None
@@ -319,13 +320,17 @@ def rollout_registry(root: str) -> dict | None:
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Dict):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if any(isinstance(t, ast.Name) and "REGISTRY" in t.id.upper() for t in targets):
-                names = []
+                names, modes = [], []
                 for k in node.value.keys:
                     first = k.elts[0] if isinstance(k, ast.Tuple) and k.elts else k
                     if isinstance(first, ast.Constant) and isinstance(first.value, str):
                         names.append(first.value)
+                    second = k.elts[1] if isinstance(k, ast.Tuple) and len(k.elts) > 1 else None
+                    if isinstance(second, ast.Constant) and isinstance(second.value, str):
+                        modes.append(second.value)  # ("vllm", "async"): the rollout.mode values
                 if names:
-                    return {"names": sorted(set(names)), "where": f"{sc.rel(path)}:{node.lineno}"}
+                    return {"names": sorted(set(names)), "modes": sorted(set(modes)),
+                            "where": f"{sc.rel(path)}:{node.lineno}"}
     path = sc.path_of("verl.workers.fsdp_workers")
     tree = sc.tree(path) if path else None
     for fn in ast.walk(tree) if tree else ():
