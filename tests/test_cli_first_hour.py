@@ -29,7 +29,8 @@ def test_an_unwritable_output_is_one_line_naming_the_path(run_cli, tmp_path):
     for args in (["keygen", "--out", bad], ["ci", "github", "--out", bad],
                  ["render", "--verl", "0.4.1", "--hf", "--cuda", "cu124", "--out", bad],
                  ["discover", "--write", bad / "p.yaml"]):
-        p = run_cli(*args)
+        # render locks into ./locks first: a folder of its own, never the checkout's
+        p = run_cli(*args, cwd=tmp_path if args[0] == "render" else None)
         assert p.returncode == 2 and "Traceback" not in p.stderr, (args, p.stderr[-500:])
         assert str(bad) in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
 
