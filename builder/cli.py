@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"envbuild: {e}", file=sys.stderr)
         return BAD_INPUT
     parser.set_defaults(_parser=parser)
-    args, extra = parser.parse_known_args(argv)
+    args, extra = _parse(parser, argv)
     if extra:
         return _unknown_flags(parser, args, extra)
     if not getattr(args, "_run", None):
@@ -131,6 +131,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"envbuild {args.command}: {e.filename or ''}{': ' if e.filename else ''}{e.strerror or e}",
               file=sys.stderr)
         return INFRA
+
+
+def _parse(parser, argv: list[str]):
+    """argparse, except that everything after the first `--` goes to a command that takes it
+    (`_passthrough`: the name of its list, doctor's overrides) also when a positional came first:
+    `envbuild doctor run.sh -- key=value` (argparse alone stops at the second positional run)."""
+    if "--" in argv:
+        i = argv.index("--")
+        args, extra = parser.parse_known_args(argv[:i])
+        name = getattr(args, "_passthrough", None)
+        if name:
+            setattr(args, name, list(getattr(args, name) or []) + argv[i + 1:])
+            return args, extra
+    return parser.parse_known_args(argv)
 
 
 def _unknown_flags(parser, args, extra: list[str]) -> int:

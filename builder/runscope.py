@@ -68,17 +68,56 @@ def scopes_of(flat) -> set[str]:
 def overrides_of_script(path: str) -> list[str]:
     """The `key=value` overrides a launch script passes to verl's main_ppo, `+`/`~` stripped (what
     a run enters is the same whether a key is added or set)."""
-    return [o.lstrip("+~") for o in script_overrides(path)[0]]
+    return [o.lstrip("+~") for o in script_overrides(path)[0] if not o.startswith("-")]
+
+
+HYDRA_CONFIG_FLAGS = ("--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd")
+
+
+def hydra_flags(items: list[str]) -> tuple[dict[str, str], list[str]]:
+    """({"config-name": X, ...}, the rest) of main_ppo's arguments: Hydra's config flags
+    (`--config-name=X`, `--config-name X`, `-cn X`) and the overrides; `.yaml` dropped from the
+    name as Hydra drops it. Any other option is refused in one line (doctor's own options given
+    after `--`, where main_ppo's arguments go)."""
+    long = {"-cn": "config-name", "-cp": "config-path", "-cd": "config-dir"}
+    flags: dict[str, str] = {}
+    rest: list[str] = []
+    it = iter(items)
+    for w in it:
+        if not w.startswith("-"):
+            rest.append(w)
+            continue
+        name, eq, value = w.partition("=")
+        if name not in HYDRA_CONFIG_FLAGS:
+            raise InputError("command line", None, "override", w,
+                             "not an override of verl's main_ppo: envbuild doctor's own options go before `--`; "
+                             "after it only key=value overrides and Hydra's --config-name")
+        if not eq:
+            value = next(it, "")
+        key = long.get(name, name.lstrip("-"))
+        flags[key] = value[:-5] if key == "config-name" and value.endswith(".yaml") else value
+    return flags, rest
 
 
 _ASSIGN = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 _ARITH = re.compile(r"\$\(\(([^()]*)\)\)")
+_ARRAY = re.compile(r"^\s*(?:export\s+|local\s+|declare\s+-a\s+)?([A-Za-z_][A-Za-z0-9_]*)=\((.*)$")
+_ARRAY_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\[[@*]\]\}")
+
+
+def _words(line: str) -> list[str]:
+    """A shell line's words, quotes removed, `#` comments dropped."""
+    try:
+        return shlex.split(line, comments=True)
+    except ValueError:
+        return line.split()
 
 
 def script_overrides(path: str) -> tuple[list[str], list[str]]:
     """(overrides, keys left out) of the command that runs verl's main_ppo in a launch script, as
-    verl receives them (`+key=v`, `~key` kept). Line continuations are joined; the script's own
+    verl receives them (`+key=v`, `~key` kept; Hydra's `--config-name=X` kept as one item, for
+    hydra_flags). Line continuations are joined; the script's own
     plain assignments (`bsz=8`, `export X=...`, `${X:-default}`, integer `$((a / 2))`) are expanded;
     an override that still names the environment (`$HOME`, a command's output) is left out and
     named, never guessed."""
@@ -89,9 +128,25 @@ def script_overrides(path: str) -> tuple[list[str], list[str]]:
         raise InputError(path, None, "--config", path, f"cannot read: {e.strerror}") from None
     text = raw.decode("utf-8", errors="replace").replace("\\\n", " ")
     env: dict[str, str] = {}
+    arrays: dict[str, list[str]] = {}  # NAME=( words ... ): what "${NAME[@]}" hands main_ppo
+    collecting: list[str] | None = None
     out: list[str] = []
     left: list[str] = []
     for line in text.splitlines():
+        if collecting is not None:  # inside NAME=( ... ), one word list per line, `)` alone ends it
+            if line.strip().startswith(")"):
+                collecting = None
+            else:
+                collecting += _words(line)
+            continue
+        a = _ARRAY.match(line)
+        if a and "main_ppo" not in line:
+            body = a.group(2)
+            if body.rstrip().endswith(")"):  # NAME=(a b c) on one line
+                arrays[a.group(1)] = _words(body.rstrip()[:-1])
+            else:
+                collecting = arrays[a.group(1)] = _words(body)
+            continue
         m = _ASSIGN.match(line)
         if m and "main_ppo" not in line:
             raw_value = re.sub(r"\s+#.*$", "", m.group(2)).strip()
@@ -110,13 +165,21 @@ def script_overrides(path: str) -> tuple[list[str], list[str]]:
             continue
         if "main_ppo" not in line:
             continue
-        try:
-            words = shlex.split(line, comments=True)
-        except ValueError:
-            words = line.split()
-        after = False
+        words = []
+        for w in _words(line):
+            ref = _ARRAY_REF.fullmatch(w)
+            words += arrays.get(ref.group(1), []) if ref else [w]
+        after, flag = False, None
         for w in words:
-            if after and "=" in w and not w.startswith("-"):
+            if flag:  # the value of `--config-name X`
+                out.append(f"{flag}={_expand(w, env) or w}")
+                flag = None
+            elif after and w.partition("=")[0] in HYDRA_CONFIG_FLAGS:
+                if "=" in w:
+                    out.append(_expand(w, env) or w)
+                else:
+                    flag = w
+            elif after and "=" in w and not w.startswith("-"):
                 got = _expand(w, env)
                 if got is None:
                     left.append(w.split("=", 1)[0])

@@ -42,11 +42,11 @@ def test_group_estimators_other_than_grpo_need_n_too_but_not_grpo_kl():
     assert grpo("algorithm.adv_estimator=gae")["grpo.n"].status == SKIP
 
 
-def test_kl_loss_left_at_default_fails_but_explicit_false_warns():
+def test_kl_loss_left_at_default_fails_but_explicit_false_is_a_choice():
     base = [o for o in GOOD_GRPO if "use_kl_loss" not in o]
     assert grpo(*base)["grpo.kl_loss"].status == FAIL
     r = grpo(*base, "actor_rollout_ref.actor.use_kl_loss=False")
-    assert r["grpo.kl_loss"].status == WARN and "explicitly" in r["grpo.kl_loss"].reason
+    assert r["grpo.kl_loss"].status == PASS and "explicitly" in r["grpo.kl_loss"].reason
 
 
 @pytest.mark.parametrize("override,needle", [
@@ -165,12 +165,12 @@ def test_fsdp_offload_layouts():
     assert fsdp(f"{A}param_offload=True", f"{A}optimizer_offload=True")["fsdp.ref_offload"].status == SKIP
 
 
-def test_param_offload_without_optimizer_offload_warns_with_safer_alternatives():
+def test_param_offload_without_optimizer_offload_says_the_trade_off_without_a_warning():
+    """Issue 50: it warned on verl's own Qwen3-32B and Seed-OSS-36B examples with no evidence that
+    the choice is wrong; the trade-off and the alternatives are said in a PASS."""
     r = fsdp(KL, f"{A}param_offload=True", f"{R}param_offload=True")["fsdp.offload"]
-    assert r.status == WARN and "optimizer_offload=True" in r.fix
-    assert "gradient_checkpointing" in r.fix and "micro_batch" in r.fix
-    r2 = fsdp("actor_rollout_ref.actor.strategy=fsdp2", f"{A}param_offload=True")["fsdp.offload"]
-    assert r2.status == WARN and "offload_policy=True" in r2.fix
+    assert r.status == PASS and "optimizer_offload=True" in r.reason
+    assert "gradient_checkpointing" in r.reason and "micro_batch" in r.reason
     assert fsdp("actor_rollout_ref.actor.strategy=fsdp2", f"{A}param_offload=True",
                 f"{A}offload_policy=True")["fsdp.offload"].status == PASS
     assert fsdp(f"{A}offload_policy=True")["fsdp.offload"].status == WARN  # fsdp1 ignores it
@@ -193,8 +193,10 @@ def test_quoted_booleans_and_numbers_warn(tmp_path):
                                                    "trainer.nnodes='2' (expects a number)"]
     ok = check_config(build_config(None, ["actor_rollout_ref.actor.entropy_coeff=0.001", "trainer.nnodes=2",
                                         "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=2"]), Options())
+    # verl's defaults leave every micro batch size unset, which verl itself refuses (config.batches)
     assert {x.name: x.status for x in ok} == {"config.keys": PASS, "config.unset": FAIL, "config.types": PASS,
-                                              "config.choices": PASS, "config.batches": PASS, "config.parallel": PASS}
+                                              "config.choices": PASS, "config.batches": FAIL, "config.parallel": PASS,
+                                              "config.token_limit": SKIP, "config.verl_validate": SKIP}
 
 
 @pytest.mark.parametrize("verl,override,ok", [

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from envbuild.doctor import FAIL, PASS, WARN, Options, check_config
 from envbuild.errors import InputError
@@ -142,9 +143,16 @@ def test_every_matrix_release_has_a_recorded_config_composed_by_hydra():
     for v in recorded:
         rec = json.loads((verl_config.recorded_dir() / f"{v}.json").read_text())
         assert rec["verl"] == v and rec["source"]["wheel"].startswith(f"verl-{v}-") and len(rec["source"]["sha256"]) == 64
-        c = rec["config"]
+        c = rec["configs"]["ppo_trainer"]
         assert c["actor_rollout_ref"]["rollout"]["n"] == 1 and c["algorithm"]["adv_estimator"] == "gae"
         assert isinstance(c["actor_rollout_ref"]["actor"]["optim"]["lr"], float)
+        # what --config-name picks in verl's Megatron examples
+        assert rec["configs"]["ppo_megatron_trainer"]["actor_rollout_ref"]["actor"]["strategy"] == "megatron"
+        # the start-up refusal of verl's synchronous vLLM rollout, read from its code, up to 0.6.1 only
+        sync = [r for r in rec["refusals"] if r["selected_by"] == [["vllm", "sync"]]]
+        assert bool(sync) == (Version(v) <= Version("0.6.1")), (v, rec["refusals"])
+        assert all(r["requires"] == {"enable_chunked_prefill": True} and "max_num_batched_tokens" in r["message"]
+                   for r in sync)
 
 
 def test_installed_verl_is_composed_with_hydra(tmp_path, monkeypatch):
@@ -240,6 +248,8 @@ python3 -m verl.trainer.main_ppo \\
     data.train_files="${HOME}"/data/gsm8k/train.parquet \\
     data.train_batch_size=${train_prompt_bsz} \\
     actor_rollout_ref.actor.ppo_mini_batch_size=$train_prompt_mini_bsz \\
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1 \\
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2 \\
     actor_rollout_ref.rollout.n=${n_resp_per_prompt} \\
     +actor_rollout_ref.model.override_config.attn_implementation=sdpa \\
     trainer.n_gpus_per_node=$NGPUS $@
@@ -254,7 +264,8 @@ def test_a_launch_scripts_main_ppo_overrides_are_read_with_its_own_variables(tmp
     f.write_text(SCRIPT)
     got, left = script_overrides(str(f))
     assert got == ["algorithm.adv_estimator=grpo", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-                   "actor_rollout_ref.rollout.n=4", "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+                   "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+                   "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2", "actor_rollout_ref.rollout.n=4", "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
                    "trainer.n_gpus_per_node=2"]
     assert left == ["data.train_files"]
 

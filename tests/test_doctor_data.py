@@ -217,6 +217,10 @@ def test_cli_end_to_end_exit_status_and_json(tmp_path, run_cli):
             "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.use_kl_loss=True",
             "algorithm.norm_adv_by_std_in_grpo=False", f"data.train_files={good}", "data.train_batch_size=8",
             "actor_rollout_ref.actor.ppo_mini_batch_size=8",  # verl refuses a mini batch above the batch
+            # ... and a run without micro batch sizes (verl's defaults leave them unset)
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
             f"trainer.default_local_dir={tmp_path / 'ckpt'}"]
     p = run_cli(*args, "data.val_files=null")
     assert p.returncode == 0, p.stdout + p.stderr

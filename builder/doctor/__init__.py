@@ -19,7 +19,7 @@ from typing import Callable
 
 from .. import errors
 from ..errors import InputError
-from ..verl_config import VerlConfig, build_config
+from ..verl_config import CONFIG_NAME, VerlConfig, build_config
 from ..probe.hardware import PLATFORMS, parse_platform
 from .cluster import check_ray
 from .common import FAIL, GROUPS, PASS, SKIP, WARN, Options, Result  # noqa: F401 - the package's face
@@ -49,8 +49,10 @@ def diagnose(cfg: VerlConfig, opt: Options, skip: set[str] = frozenset()) -> lis
 
 def add_arguments(p) -> None:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                   help="verl trainer overrides, after `--` (key=value, +key=value, ~key); or first a launch "
-                        "script (`envbuild doctor run_grpo.sh`): the overrides its main_ppo command passes")
+                   help="verl trainer overrides, after `--` (key=value, +key=value, ~key, and Hydra's "
+                        "--config-name=ppo_megatron_trainer); or first a launch script (`envbuild doctor "
+                        "run_grpo.sh`): the overrides its main_ppo command passes")
+    p.set_defaults(_passthrough="overrides")  # cli: what follows `--` is main_ppo's, after a script too
     p.add_argument("--config", help="a verl YAML config, or a launch script that runs verl's main_ppo; "
                                     "overrides apply on top of it")
     p.add_argument("--verl", metavar="VERSION",
@@ -132,8 +134,16 @@ def _not_judged(results: list[Result], left: list[str]) -> list[Result]:
 
 
 def run(args) -> int:
+    from ..runscope import hydra_flags
+
     config, overrides, script_note = _script_input(args)
-    cfg = build_config(config, overrides, verl=args.verl)
+    flags, overrides = hydra_flags(overrides)
+    path = flags.get("config-path") or flags.get("config-dir")
+    if path and path.rstrip("/") not in ("config", "./config", "verl/trainer/config"):
+        raise InputError("command line", None, "--config-path", path,
+                         "not verl's own trainer configs (main_ppo's --config-path=config): doctor composes "
+                         "only those; give the composed config as a YAML file with --config")
+    cfg = build_config(config, overrides, verl=args.verl, config_name=flags.get("config-name") or CONFIG_NAME)
     platform = None
     if args.platform:
         platform = parse_platform(args.platform)

@@ -7,6 +7,7 @@ from typing import Any
 
 from ..probe.vocab import ENGINE_SPECS
 from ..verl_config import VerlConfig
+from ..verl_refusals import BATCHED_TOKENS
 from .common import (FAIL, PASS, SKIP, WARN, Options, Result)
 
 # verl's rollout names, from the engine descriptors (vocab.EngineSpec.rollout)
@@ -16,7 +17,10 @@ MIXED_TYPES = {"reshard_after_forward"}
 
 
 def check_config(cfg: VerlConfig, opt: Options) -> list[Result]:
-    return [_unknown_keys(cfg), _unset(cfg), _value_types(cfg), _choices(cfg), _batches(cfg), _parallel(cfg)]
+    from .verlown import check_verl_validation
+
+    return [_unknown_keys(cfg), _unset(cfg), _value_types(cfg), _choices(cfg), _batches(cfg), _parallel(cfg),
+            _token_limit(cfg), check_verl_validation(cfg, opt)]
 
 
 def _choices(cfg: VerlConfig) -> Result:
@@ -57,8 +61,10 @@ def _int(cfg: VerlConfig, key: str) -> int | None:
 def _batches(cfg: VerlConfig) -> Result:
     """What verl asserts about batch sizes before it trains (after the job waited in the queue):
     train_batch_size >= ppo_mini_batch_size (both count prompts); of a micro batch size, the per-GPU
-    or the total form, never both; the mini batch per GPU (mini x n / (GPUs / sequence parallel))
-    divisible by the per-GPU micro batch."""
+    or the total form, exactly one where verl uses it; with FSDP, train_batch_size x n divisible by
+    the GPUs and the mini batch per GPU (mini x n / (GPUs / sequence parallel))
+    divisible by the per-GPU micro batch (fsdp_workers asserts it; Megatron's workers divide by their
+    data-parallel size and assert nothing)."""
     bad = []
     train, mini = _int(cfg, "data.train_batch_size"), _int(cfg, A + "actor.ppo_mini_batch_size")
     if train is not None and mini is not None and mini > train:
@@ -67,21 +73,44 @@ def _batches(cfg: VerlConfig) -> Result:
     for per_gpu, total in MICRO_PAIRS:
         if cfg.get(per_gpu) is not None and cfg.get(total) is not None:
             bad.append(f"both {total} and {per_gpu} are set (verl refuses both: remove {total})")
+        elif cfg.get(per_gpu) is None and cfg.get(total) is None and _micro_needed(cfg, per_gpu):
+            bad.append(f"neither {per_gpu} nor {total} is set (verl asserts one is, without dynamic batch size)")
     n = _int(cfg, A + "rollout.n") or 1
     world = (_int(cfg, "trainer.nnodes") or 1) * (_int(cfg, "trainer.n_gpus_per_node") or 1)
     sp = _int(cfg, A + "actor.ulysses_sequence_parallel_size") or 1
     micro = _int(cfg, A + "actor.ppo_micro_batch_size_per_gpu")
     dynamic = cfg.get(A + "actor.use_dynamic_bsz") is True
-    if mini is not None and micro and not dynamic and world % sp == 0:
+    fsdp = str(cfg.get(A + "actor.strategy")) in ("fsdp", "fsdp2")
+    if train is not None and fsdp and not dynamic and (train * n) % world:
+        # validate_config: real_train_batch_size % minimal_bsz, which is the GPU count for FSDP
+        bad.append(f"data.train_batch_size x n = {train} x {n} = {train * n} responses do not split over the "
+                   f"{world} GPU(s) (verl asserts real_train_batch_size % GPUs == 0)")
+    if mini is not None and micro and fsdp and not dynamic and world % sp == 0:
         per_gpu_mini = mini * n // (world // sp)
         if per_gpu_mini == 0 or per_gpu_mini % micro:
             bad.append(f"the mini batch per GPU is {mini} x n={n} / ({world} GPUs / sp={sp}) = {per_gpu_mini}, "
                        f"not a multiple of actor.ppo_micro_batch_size_per_gpu={micro} (verl asserts it)")
     if bad:
         return Result("config", "config.batches", FAIL, "; ".join(bad),
-                      "make train_batch_size >= ppo_mini_batch_size, set one micro batch form, and a per-GPU "
-                      "micro batch that divides the per-GPU mini batch")
+                      "make train_batch_size >= ppo_mini_batch_size, set exactly one micro batch form (the "
+                      "*_per_gpu one), and a per-GPU micro batch that divides the per-GPU mini batch")
     return Result("config", "config.batches", PASS, "batch sizes pass verl's start-up checks")
+
+
+def _micro_needed(cfg: VerlConfig, key: str) -> bool:
+    """Whether verl's start-up validation asks for this micro batch size: the actor's and the
+    rollout's log-prob one unless the actor uses dynamic batch sizes, the reference's when a KL
+    term needs the reference, the critic's when a critic trains (GAE, or critic.enable) without
+    dynamic batch sizes."""
+    actor_dynamic = cfg.get(A + "actor.use_dynamic_bsz") is True
+    if key.startswith("critic."):
+        enable = cfg.get("critic.enable")
+        used = bool(enable) if enable is not None else cfg.get("algorithm.adv_estimator") == "gae"
+        return used and cfg.get("critic.use_dynamic_bsz") is not True
+    if key.startswith(A + "ref."):
+        kl = cfg.get(A + "actor.use_kl_loss") is True or cfg.get("algorithm.use_kl_in_reward") is True
+        return kl and not actor_dynamic
+    return not actor_dynamic
 
 
 def _parallel(cfg: VerlConfig) -> Result:
@@ -94,6 +123,43 @@ def _parallel(cfg: VerlConfig) -> Result:
                       "trainer.nnodes x trainer.n_gpus_per_node: verl cannot place the rollout replicas",
                       f"set actor_rollout_ref.rollout.tensor_model_parallel_size to a divisor of {world}")
     return Result("config", "config.parallel", PASS, f"rollout TP {tp} divides the {world} GPU(s)")
+
+
+def _token_limit(cfg: VerlConfig) -> Result:
+    """Long prompts against the engine's batched-token limit, where verl's own rollout refuses them
+    when it starts (verl_refusals, read from that verl's code: its synchronous vLLM rollout up to
+    0.6 with chunked prefill on): the job has waited in the queue by then."""
+    r = A + "rollout."
+    name, mode = str(cfg.get(r + "name")), str(cfg.get(r + "mode"))
+    limit = _int(cfg, r + "max_num_batched_tokens")
+    # as verl computes it: int(config.max_model_len or config.prompt_length + config.response_length)
+    model_len = _int(cfg, r + "max_model_len")
+    if not model_len:
+        p, q = _int(cfg, r + "prompt_length"), _int(cfg, r + "response_length")
+        model_len = p + q if p is not None and q is not None else None
+    if name.startswith("???") or mode.startswith("???"):
+        return Result("config", "config.token_limit", SKIP, "rollout.name or rollout.mode unset (config.unset says it)")
+    rules = [x for x in cfg.refusals if x.get("rule") == BATCHED_TOKENS and [name, mode] in x.get("selected_by", [])]
+    if not rules:
+        return Result("config", "config.token_limit", PASS,
+                      f"{cfg.origin}: its {name} rollout in {mode} mode makes no start-up refusal of "
+                      "max_num_batched_tokens against max_model_len (the engine gets both)")
+    if limit is None or model_len is None:
+        return Result("config", "config.token_limit", SKIP,
+                      f"max_num_batched_tokens={limit}, max_model_len={model_len}: not both known integers")
+    for x in rules:
+        off = [f for f, want in (x.get("requires") or {}).items() if bool(cfg.get(r + f)) is not want]
+        if not off and limit < model_len:
+            return Result("config", "config.token_limit", FAIL,
+                          f"rollout.max_num_batched_tokens={limit} is below max_model_len={model_len} (prompt + "
+                          f"response length) with {', '.join(f'{f}={v}' for f, v in x['requires'].items()) or 'this'}"
+                          f": {cfg.origin} refuses it when the rollout starts ({x['where']}: {x['message']})",
+                          # not "disable chunked prefill", as verl's message offers: vLLM then refuses
+                          # a batched-token limit below max_model_len itself
+                          f"set {r}max_num_batched_tokens={model_len} or more", {"rule": x})
+    return Result("config", "config.token_limit", PASS,
+                  f"rollout.max_num_batched_tokens={limit} against max_model_len={model_len}: passes the check at "
+                  f"{rules[0]['where']}")
 
 
 def _unset(cfg: VerlConfig) -> Result:

@@ -11,13 +11,24 @@ from pathlib import Path
 from ..verl_config import VerlConfig
 from .common import (FAIL, GiB, PASS, SKIP, WARN, Options, Result, _gib, model_facts)
 
+CKPT = "trainer.default_local_dir"
+
 
 def check_output(cfg: VerlConfig, opt: Options) -> list[Result]:
     out = []
     facts = model_facts(cfg.get("actor_rollout_ref.model.path"))
     for key in ("trainer.default_local_dir", "trainer.rollout_data_dir", "trainer.validation_data_dir"):
         d = cfg.get(key)
-        if d in (None, ""):
+        if d is None or (d == "" and key != CKPT):
+            continue  # the dumps are off
+        if isinstance(d, str) and not d.strip():
+            # verl joins "" with its working directory: global_step_N/ land there, and resume_mode=auto
+            # resumes from any latest_checkpointed_iteration.txt found there (ray_trainer._load_checkpoint)
+            out.append(Result("output", key, WARN,
+                              f"{key} is empty: verl saves global_step_N/ straight into the trainer's working "
+                              f"directory ({os.getcwd()} from here) and resume_mode=auto resumes from whatever "
+                              "checkpoint is there (an unset variable in the launch script?)",
+                              f"set {key} to a directory of its own"))
             continue
         d = str(d)
         if re.match(r"^[a-z][a-z0-9+]*://", d):
@@ -25,11 +36,25 @@ def check_output(cfg: VerlConfig, opt: Options) -> list[Result]:
             continue
         # rough size of one FSDP checkpoint: fp32 params + Adam's two fp32 moments = 6 x bf16 weights
         need = 6 * facts["weights"] if facts and facts["weights"] and key == "trainer.default_local_dir" else None
-        out.append(check_writable(d, key, need))
+        r = check_writable(d, key, need)
+        if key == CKPT and r.status != FAIL:
+            r.reason += _resume_note(d, cfg.get("trainer.resume_mode"))
+        out.append(r)
     hdfs = cfg.get("trainer.default_hdfs_dir")
     if hdfs:
         out.append(Result("output", "trainer.default_hdfs_dir", SKIP, f"{hdfs}: remote, not checked here"))
     return out
+
+
+def _resume_note(d: str, mode: object) -> str:
+    """What verl's resume_mode=auto finds there: the step of latest_checkpointed_iteration.txt."""
+    if mode != "auto":
+        return ""
+    try:
+        step = (Path(d).expanduser() / "latest_checkpointed_iteration.txt").read_text()[:32].strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
+    return f"; resume_mode=auto resumes from global_step_{step} there" if step.isdigit() else ""
 
 
 def check_writable(path: str, key: str, need_bytes: int | None = None) -> Result:
