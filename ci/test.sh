@@ -2,8 +2,9 @@
 # The test command (README): sets up everything on a fresh machine, then runs the whole suite.
 #   bash ci/test.sh [pytest args...]      ENVBUILD_TEST_WORKERS=N: pytest workers (default 2)
 # 1. Debian packages the tests use (chromium for the page test, binutils for the probe's
-#    symbol check), 2. the Docker engine and a loopback registry (ci/services.sh), and qemu
-#    emulation of the other platform (ci/emulation.sh: the linux/arm64 base test),
+#    symbol check), 2. the Docker engine and a loopback registry (ci/services.sh), qemu
+#    emulation of the other platform (ci/emulation.sh: the linux/arm64 base test) and room on
+#    the disk for the suite's images (ci/docker_room.sh),
 # 3. envbuild with its test extras, plus CPU torch/transformers for the probe's GPU-level
 #    logic on CPU, and the host's bootstrap base, 4. pytest on two workers (pytest-xdist).
 set -euo pipefail
@@ -26,6 +27,9 @@ fi
 stamp "packages ready"
 bash ci/services.sh
 bash ci/emulation.sh
+# A machine that keeps Docker's state between runs keeps BuildKit's cache too: bounded here, so
+# runs do not fill the disk one uncached rebuild at a time.
+bash ci/docker_room.sh
 stamp "docker engine, registry and emulation ready"
 
 # envbuild and its test dependencies in ./.venv (PEP 668: never the distribution's python3).
