@@ -91,6 +91,13 @@ def _run(data: dict, printed: io.StringIO) -> dict:
     return {"status": "pass", "function": fn, "use_reference_policy": ref, "use_critic": critic}
 
 
+def _missing(tree, prefix: str = "") -> list[str]:
+    """The keys still `???` (OmegaConf's MISSING) in the config."""
+    if isinstance(tree, dict):
+        return [k for key, v in tree.items() for k in _missing(v, f"{prefix}{key}.")]
+    return [prefix[:-1]] if tree == "???" else []
+
+
 def main() -> int:
     data = json.load(sys.stdin)
     printed = io.StringIO()
@@ -100,8 +107,11 @@ def main() -> int:
         out = _run(data, printed)
     except Exception as e:  # could not run verl's validation here: not a verdict on the config
         chain = _chain(e)  # Hydra wraps the import error that stopped it
-        root = next((x for x in chain if isinstance(x, ImportError)), chain[-1])
-        out = {"status": "skip", "error": f"{type(root).__name__}: {root}".splitlines()[0][:300],
+        root = next((x for x in reversed(chain) if isinstance(x, ImportError)), chain[-1])
+        text = f"{type(root).__name__}: {root}".splitlines()[0]
+        if "$FULL_KEY" in text:  # OmegaConf's template, unfilled inside a dataclass conversion
+            text = f"{type(root).__name__}: unset: {', '.join(_missing(data.get('config'))) or '?'}"
+        out = {"status": "skip", "error": text[:300],
                "where": _where(root.__traceback__)}
     finally:
         sys.stdout = real
