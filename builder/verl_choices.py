@@ -1,6 +1,7 @@
 """The values verl accepts for its enum-valued keys, read from verl's own code (never a list of
 ours): `algorithm.adv_estimator` (the AdvantageEstimator enum and every register_adv_est("name")
-in trainer/ppo/core_algos.py), `actor_rollout_ref.rollout.name` and, where the registry is keyed by
+in trainer/ppo/core_algos.py), `actor_rollout_ref.actor.loss_agg_mode` (ActorConfig's list, or
+core_algos.agg_loss's branches), `actor_rollout_ref.rollout.name` and, where the registry is keyed by
 (name, mode) (0.6.1 on), `actor_rollout_ref.rollout.mode` (the rollout registry, read as the
 verdict's registry check reads it: probe.scope.rollout_registry).
 
@@ -19,9 +20,11 @@ from .probe.scope import rollout_registry
 ADV_KEY = "algorithm.adv_estimator"
 ROLLOUT_KEY = "actor_rollout_ref.rollout.name"
 MODE_KEY = "actor_rollout_ref.rollout.mode"
+LOSS_AGG_KEY = "actor_rollout_ref.actor.loss_agg_mode"
 CORE_ALGOS = "verl/trainer/ppo/core_algos.py"
+ACTOR_CONFIG = "verl/workers/config/actor.py"
 # The files choices_of_tree reads (the recorder extracts these from a wheel).
-SOURCES = (CORE_ALGOS, "verl/workers/rollout/base.py", "verl/workers/fsdp_workers.py")
+SOURCES = (CORE_ALGOS, ACTOR_CONFIG, "verl/workers/rollout/base.py", "verl/workers/fsdp_workers.py")
 
 
 def choices_of_tree(root: str | Path) -> dict[str, dict]:
@@ -31,6 +34,9 @@ def choices_of_tree(root: str | Path) -> dict[str, dict]:
     adv = _advantage_estimators(Path(root) / CORE_ALGOS)
     if adv:
         out[ADV_KEY] = adv
+    agg = _loss_agg_modes(Path(root))
+    if agg:
+        out[LOSS_AGG_KEY] = agg
     reg = rollout_registry(str(Path(root) / "verl"))
     if reg:
         out[ROLLOUT_KEY] = {"values": list(reg["names"]), "where": reg["where"]}
@@ -58,6 +64,30 @@ def _advantage_estimators(path: Path) -> dict | None:
     if not values:
         return None
     return {"values": sorted(values), "where": f"{CORE_ALGOS}:{line or 1}"}
+
+
+def _loss_agg_modes(root: Path) -> dict | None:
+    """The loss aggregation modes verl accepts: ActorConfig's `valid_loss_agg_modes` (0.6 on, checked
+    at start-up), else the if/elif of core_algos.agg_loss (0.4, 0.5: an unknown mode raises there,
+    at the first update, after a whole rollout)."""
+    for rel, fn in ((ACTOR_CONFIG, None), (CORE_ALGOS, "agg_loss")):
+        try:
+            tree = ast.parse((root / rel).read_text(encoding="utf-8", errors="replace"))
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if fn is None and isinstance(node, ast.Assign) and isinstance(node.value, (ast.List, ast.Tuple)) \
+                    and any(isinstance(t, ast.Name) and "loss_agg_mode" in t.id for t in node.targets):
+                values = [e.value for e in node.value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+                if values:
+                    return {"values": sorted(values), "where": f"{rel}:{node.lineno}"}
+            if fn and isinstance(node, ast.FunctionDef) and node.name == fn:
+                values = sorted({c.value for n in ast.walk(node) if isinstance(n, ast.Compare)
+                                 and isinstance(n.left, ast.Name) and n.left.id == "loss_agg_mode"
+                                 for c in n.comparators if isinstance(c, ast.Constant) and isinstance(c.value, str)})
+                if values:
+                    return {"values": values, "where": f"{rel}:{node.lineno}"}
+    return None
 
 
 def installed_choices() -> dict[str, dict]:

@@ -51,6 +51,17 @@ def test_releases_and_modes_that_hand_the_limit_to_the_engine_pass(verl, mode):
     assert r.status == PASS and "makes no start-up refusal" in r.reason
 
 
+@pytest.mark.parametrize("verl,mode,ok", [("0.4.1", "token_mean", False), ("0.4.1", "seq-mean-token-sum-norm", True),
+                                          ("0.6.1", "token-sum", False), ("0.9.1", "token-sum", True)])
+def test_loss_agg_mode_takes_the_values_that_releases_code_accepts(verl, mode, ok):
+    """An unknown loss_agg_mode stops verl 0.4/0.5 in agg_loss at the first update (after a whole
+    rollout), and 0.6 on in ActorConfig at start-up: the values are read from that code."""
+    r = checks(*EXAMPLE, A + f"actor.loss_agg_mode={mode}", verl=verl)["config.choices"]
+    assert (r.status == PASS) == ok, r.reason
+    if not ok:
+        assert f"loss_agg_mode={mode} is not one" in r.reason and "register_adv_est" not in r.fix
+
+
 def test_batch_rules_follow_verls_validation():
     ok = checks(*EXAMPLE)
     assert ok["config.batches"].status == PASS, ok["config.batches"].reason

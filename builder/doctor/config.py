@@ -6,6 +6,7 @@ from dataclasses import asdict
 from typing import Any
 
 from ..probe.vocab import ENGINE_SPECS
+from ..verl_choices import ADV_KEY
 from ..verl_config import VerlConfig
 from ..verl_refusals import BATCHED_TOKENS
 from .common import (FAIL, PASS, SKIP, WARN, Options, Result)
@@ -38,9 +39,9 @@ def _choices(cfg: VerlConfig) -> Result:
             bad.append(f"{key}={v} is not one {cfg.origin} accepts ({c['where']}: {', '.join(c['values'])})")
             fixes.append(f"set {key} to one of {', '.join(c['values'])}")
     if bad:
-        return Result("config", "config.choices", FAIL, "; ".join(bad),
-                      "; ".join(fixes) + " (a custom advantage estimator must be registered with "
-                      "verl.trainer.ppo.core_algos.register_adv_est before the trainer starts)")
+        custom = (" (a custom advantage estimator must be registered with verl.trainer.ppo.core_algos."
+                  "register_adv_est before the trainer starts)") if any(b.startswith(ADV_KEY) for b in bad) else ""
+        return Result("config", "config.choices", FAIL, "; ".join(bad), "; ".join(fixes) + custom)
     return Result("config", "config.choices", PASS,
                   f"{', '.join(sorted(cfg.choices))}: values {cfg.origin} accepts")
 
