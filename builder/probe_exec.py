@@ -71,9 +71,10 @@ def _launcher(python: str, nproc: int) -> list[str]:
     return [python, "-m", PROBE_MODULE]
 
 
-def _run(cmd: list[str], timeout: float, env: dict | None, on_timeout,
-         cwd: str | None = None) -> tuple[int | None, str, str, float]:
-    """Run in its own process group; on timeout kill the group (torchrun's children too)."""
+def run_bounded(cmd: list[str], timeout: float, env: dict | None, on_timeout,
+                cwd: str | None = None) -> tuple[int | None, str, str, float]:
+    """Run in its own process group; on timeout kill the group (torchrun's children too).
+    -> (exit code, None if killed; stdout; stderr; wall)."""
     rc, out, err, _ends, wall = _run_levels(cmd, [""], [timeout], None, None, on_timeout, env=env, cwd=cwd)
     return rc, out, err, wall
 
@@ -191,7 +192,7 @@ def probe_here(*, level: str, engine: str, expect: dict, timeout: float | None =
         cmd = [*_launcher(python, nproc), *probe_args(level, engine, expect), "--json", str(out_json)]
         cmd, network = isolated(cmd, python)
         # cwd: `python -m` puts it first on sys.path; a source checkout there would leak into the probe
-        rc, out, err, wall = _run(cmd, timeout, env, lambda p: None, cwd=tmp)
+        rc, out, err, wall = run_bounded(cmd, timeout, env, lambda p: None, cwd=tmp)
         return _finish(out_json, rc, out, err, wall, level, engine, expect, timeout,
                        {"mode": "here", "python": python, "cmd": cmd, "network": network})
 

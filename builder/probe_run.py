@@ -35,7 +35,7 @@ from .outcome import Verdict, record_status, unwritten
 from .paths import cache_dir
 from .probe.vocab import ERROR, FAIL, NEEDS_GPU, PASS
 from .probe_exec import (DEFAULT_TIMEOUT, IMAGE_PROBE_DIR, IMAGE_PROBE_PARENT, IMAGE_PYTHON, PROBE_SRC, STOP, _finish,
-                         _launcher, _run, _run_levels, expect_of, probe_args, probe_code_hash)
+                         _launcher, _run_levels, run_bounded, expect_of, probe_args, probe_code_hash)
 from .record import Record, iter_records, latest, machine_info, write_record
 from .values import parse_pinned
 
@@ -156,7 +156,7 @@ def probe_image(image: str, *, level: str, engine: str, expect: dict, timeout: f
             jit_dir, jit = _jit_mount(eng, image, [level])
             cmd = _image_cmd(eng, name, tmp, image, level, engine, expect, nproc=nproc, gpus=gpus,
                              mount_probe=mount_probe, python=python, pull=pull, jit_dir=jit_dir)
-            rc, out, err, wall = _run(cmd, timeout, None, lambda _p: eng.kill(name))
+            rc, out, err, wall = run_bounded(cmd, timeout, None, lambda _p: eng.kill(name))
         except FileNotFoundError as e:
             return unwritten(level, engine, expect, ERROR, "no-docker", f"{eng.client}: {e}")
         runner = {"mode": "image", "image": image, "cmd": cmd, **({"jit_cache": jit} if jit else {})}

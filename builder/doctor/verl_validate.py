@@ -1,7 +1,7 @@
 """Run the installed verl's own start-up validation on a config; executed by doctor as a script in
 a child process (importing verl pulls in torch and Ray; a crash or hang there is the child's).
 
-stdin: {"config": the merged, resolved trainer config}. stdout, last line: one JSON object
+argv[1]: a JSON file {"config": the merged, resolved trainer config}. stdout, last line: one JSON object
 {"status": "pass" | "fail" | "skip", "function", "error", "where", "printed"}; verl's own prints
 go to stderr meanwhile, and their text comes back in "printed".
 
@@ -99,7 +99,8 @@ def _missing(tree, prefix: str = "") -> list[str]:
 
 
 def main() -> int:
-    data = json.load(sys.stdin)
+    with open(sys.argv[1], encoding="utf-8") as fh:
+        data = json.load(fh)
     printed = io.StringIO()
     real = sys.stdout
     sys.stdout = sys.stderr  # anything verl prints while importing stays off the result line

@@ -6,10 +6,8 @@ config checks stand in for it and this says so."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from ..verl_config import VerlConfig
@@ -23,28 +21,25 @@ def check_verl_validation(cfg: VerlConfig, opt: Options) -> Result:
     if not cfg.installed:
         return Result("config", name, SKIP, f"{cfg.origin}: verl is not installed here, so its own validation "
                       "cannot run; the config checks above are read from its code and config instead")
-    try:
-        proc = subprocess.Popen([sys.executable, str(SCRIPT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True)
-    except OSError as e:
-        return Result("config", name, SKIP, f"could not start {sys.executable}: {e.strerror or e}")
-    try:
-        out, err = proc.communicate(json.dumps({"config": cfg.resolved}, default=str).encode(),
-                                    timeout=opt.probe_timeout)
-    except subprocess.TimeoutExpired:
+    from ..probe_exec import run_bounded  # the one bounded child: its process group killed at the limit
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="envbuild-verl-config-") as f:
+        json.dump({"config": cfg.resolved}, f, default=str)
+        f.flush()
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        proc.communicate()
+            rc, out, err, _ = run_bounded([sys.executable, str(SCRIPT), f.name], opt.probe_timeout, None,
+                                          lambda p: None)
+        except OSError as e:
+            return Result("config", name, SKIP, f"could not start {sys.executable}: {e.strerror or e}")
+    if rc is None:
         return Result("config", name, SKIP, f"verl's validation did not finish in {opt.probe_timeout:.0f}s "
                       "(importing verl, torch and Ray?): not judged", "raise --probe-timeout")
-    lines = out.decode(errors="replace").strip().splitlines()
+    lines = out.strip().splitlines()
     try:
         got = json.loads(lines[-1])
     except (IndexError, ValueError):
-        tail = (err.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
-        return Result("config", name, SKIP, f"verl's validation wrote no result (exit {proc.returncode}): "
+        tail = (err.strip().splitlines() or ["no output"])[-1]
+        return Result("config", name, SKIP, f"verl's validation wrote no result (exit {rc}): "
                       f"{tail[:300]}")
     fn = got.get("function") or "verl's validation"
     printed = got.get("printed") or []
