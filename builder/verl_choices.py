@@ -3,9 +3,9 @@ ours): `algorithm.adv_estimator` (the AdvantageEstimator enum and every register
 in trainer/ppo/core_algos.py), `actor_rollout_ref.actor.loss_agg_mode` (ActorConfig's list, or
 core_algos.agg_loss's branches), `actor_rollout_ref.rollout.name` and, where the registry is keyed by
 (name, mode) (0.6.1 on), `actor_rollout_ref.rollout.mode` (the rollout registry, read as the
-verdict's registry check reads it: probe.scope.rollout_registry).
+verdict's registry check reads it: probe.registry.rollout_registry).
 
-For an installed verl they are read from its files; for a recorded release from
+For an installed verl they are read from its files (verl_config.base_config); for a recorded release from
 matrix/verl_config/<release>.json (ci/record_verl_config.py writes them beside the config).
 """
 
@@ -15,7 +15,8 @@ import ast
 import json
 from pathlib import Path
 
-from .probe.scope import rollout_registry
+from .probe.registry import rollout_registry
+from .probe.staticcalls import Trees
 
 ADV_KEY = "algorithm.adv_estimator"
 ROLLOUT_KEY = "actor_rollout_ref.rollout.name"
@@ -31,10 +32,11 @@ def choices_of_tree(root: str | Path) -> dict[str, dict]:
     """{key: {"values": [...], "where": "file:line"}} from the verl source tree under `root` (the
     folder holding verl/); a key whose source is not there is absent."""
     out: dict[str, dict] = {}
-    adv = _advantage_estimators(Path(root) / CORE_ALGOS)
+    trees = Trees()  # core_algos.py is read by two of them: parsed once
+    adv = _advantage_estimators(trees.get(str(Path(root) / CORE_ALGOS)))
     if adv:
         out[ADV_KEY] = adv
-    agg = _loss_agg_modes(Path(root))
+    agg = _loss_agg_modes(Path(root), trees)
     if agg:
         out[LOSS_AGG_KEY] = agg
     reg = rollout_registry(str(Path(root) / "verl"))
@@ -45,10 +47,8 @@ def choices_of_tree(root: str | Path) -> dict[str, dict]:
     return out
 
 
-def _advantage_estimators(path: Path) -> dict | None:
-    try:
-        tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
-    except (OSError, SyntaxError, ValueError):
+def _advantage_estimators(tree: ast.Module | None) -> dict | None:
+    if tree is None:
         return None
     values, line = set(), None
     for node in ast.walk(tree):
@@ -66,16 +66,13 @@ def _advantage_estimators(path: Path) -> dict | None:
     return {"values": sorted(values), "where": f"{CORE_ALGOS}:{line or 1}"}
 
 
-def _loss_agg_modes(root: Path) -> dict | None:
+def _loss_agg_modes(root: Path, trees: Trees) -> dict | None:
     """The loss aggregation modes verl accepts: ActorConfig's `valid_loss_agg_modes` (0.6 on, checked
     at start-up), else the if/elif of core_algos.agg_loss (0.4, 0.5: an unknown mode raises there,
     at the first update, after a whole rollout)."""
     for rel, fn in ((ACTOR_CONFIG, None), (CORE_ALGOS, "agg_loss")):
-        try:
-            tree = ast.parse((root / rel).read_text(encoding="utf-8", errors="replace"))
-        except (OSError, SyntaxError, ValueError):
-            continue
-        for node in ast.walk(tree):
+        tree = trees.get(str(root / rel))
+        for node in ast.walk(tree) if tree else ():
             if fn is None and isinstance(node, ast.Assign) and isinstance(node.value, (ast.List, ast.Tuple)) \
                     and any(isinstance(t, ast.Name) and "loss_agg_mode" in t.id for t in node.targets):
                 values = [e.value for e in node.value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
@@ -88,18 +85,6 @@ def _loss_agg_modes(root: Path) -> dict | None:
                 if values:
                     return {"values": values, "where": f"{rel}:{node.lineno}"}
     return None
-
-
-def installed_choices() -> dict[str, dict]:
-    from importlib.util import find_spec
-
-    try:
-        spec = find_spec("verl")
-    except (ImportError, ValueError):
-        return {}
-    if spec is None or not spec.submodule_search_locations:
-        return {}
-    return choices_of_tree(Path(list(spec.submodule_search_locations)[0]).parent)
 
 
 def recorded_choices(path: str | Path) -> dict[str, dict]:

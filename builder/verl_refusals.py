@@ -11,7 +11,8 @@ that class (verl's rollout registry, or the `sync`/`async` choice in fsdp_worker
 before 0.6.1), the flags its test also requires, file:line and verl's message. Later releases hand
 the limit to the engine (vLLM chunks the prefill), so nothing is found there and nothing is judged.
 
-Read from an installed verl's files by doctor; recorded per release by ci/record_verl_config.py.
+Read from an installed verl's files by doctor (verl_config.base_config); recorded per release by
+ci/record_verl_config.py.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ import ast
 import os
 from pathlib import Path
 
+from .probe.staticcalls import Trees
+
 BATCHED_TOKENS = "batched_tokens"  # the rule's name in the record and in doctor
 ROLLOUT_DIR = "verl/workers/rollout"
-# Files a recorder extracts from a wheel besides the rollout folder (what selects a class).
-SELECTORS = ("verl/workers/rollout/base.py", "verl/workers/fsdp_workers.py")
 
 
 def refusals_of_tree(root: str | Path) -> list[dict]:
@@ -31,9 +32,9 @@ def refusals_of_tree(root: str | Path) -> list[dict]:
     "message"}] from the verl source tree under `root` (the folder holding verl/)."""
     root = Path(root)
     selected = _class_selection(root)
-    out, seen = [], set()
+    out, seen, trees = [], set(), Trees()
     for path in sorted((root / ROLLOUT_DIR).rglob("*.py")):
-        tree = _parse(path)
+        tree = trees.get(str(path))
         for cls, node in _classes_and_ifs(tree):
             found = _token_limit_test(node.test)
             if found is not None and (path, node.lineno) in seen:
@@ -46,13 +47,6 @@ def refusals_of_tree(root: str | Path) -> list[dict]:
                         "requires": found, "where": f"{path.relative_to(root).as_posix()}:{node.lineno}",
                         "message": _message(raise_node)})
     return out
-
-
-def _parse(path: Path) -> ast.Module | None:
-    try:
-        return ast.parse(path.read_bytes(), filename=str(path))
-    except (OSError, SyntaxError, ValueError):
-        return None
 
 
 def _classes_and_ifs(tree: ast.Module | None):
@@ -106,61 +100,15 @@ def _message(node: ast.Raise) -> str:
 
 
 def _class_selection(root: Path) -> dict[str, list[list[str]]]:
-    """rollout class name -> the (rollout.name, rollout.mode) pairs that select it."""
-    out: dict[str, list[list[str]]] = {}
-    base = _parse(root / SELECTORS[0])
-    for node in ast.walk(base) if base else ():  # 0.6.1 on: {("vllm", "sync"): "...vLLMRollout", ...}
-        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Dict):
-            for k, v in zip(node.value.keys, node.value.values):
-                if (isinstance(k, ast.Tuple) and len(k.elts) == 2 and isinstance(v, ast.Constant)
-                        and isinstance(v.value, str) and all(isinstance(e, ast.Constant) for e in k.elts)):
-                    out.setdefault(v.value.rpartition(".")[2], []).append([k.elts[0].value, k.elts[1].value])
-    if out:
-        return out
-    workers = _parse(root / SELECTORS[1])  # 0.4, 0.5: `A if self.config.rollout.mode == "sync" else B`
-    for fn in ast.walk(workers) if workers else ():
-        if not (isinstance(fn, ast.FunctionDef) and fn.name == "_build_rollout"):
-            continue
-        for branch in ast.walk(fn):
-            engine = _engine_of(branch)
-            if engine is None:
-                continue
-            for e in (n for s in branch.body for n in ast.walk(s)):
-                if isinstance(e, ast.IfExp) and "mode" in _names(e.test) and _const(e.test) == "sync":
-                    for cls, mode in ((e.body, "sync"), (e.orelse, "async")):
-                        if isinstance(cls, ast.Name):
-                            out.setdefault(cls.id, []).append([engine, mode])
-    return out
+    """rollout class name -> the (rollout.name, rollout.mode) pairs that select it: the rollout
+    registry as the verdict's registry check reads it."""
+    from .probe.registry import rollout_registry
 
-
-def _engine_of(node: ast.AST) -> str | None:
-    """"vllm" for `if rollout_name == "vllm":` (or `elif`)."""
-    if isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and "name" in " ".join(_names(node.test.left)):
-        return _const(node.test)
-    return None
-
-
-def _const(test: ast.expr) -> str | None:
-    if isinstance(test, ast.Compare) and len(test.comparators) == 1 and isinstance(test.ops[0], ast.Eq):
-        c = test.comparators[0]
-        if isinstance(c, ast.Constant) and isinstance(c.value, str):
-            return c.value
-    return None
-
-
-def installed_refusals() -> list[dict]:
-    from importlib.util import find_spec
-
-    try:
-        spec = find_spec("verl")
-    except (ImportError, ValueError):
-        return []
-    if spec is None or not spec.submodule_search_locations:
-        return []
-    return refusals_of_tree(Path(list(spec.submodule_search_locations)[0]).parent)
+    return (rollout_registry(str(root / "verl")) or {}).get("selects") or {}
 
 
 def wheel_members(name: str) -> bool:
-    """The files of a verl wheel refusals_of_tree reads."""
-    return name in SELECTORS or (name.startswith(ROLLOUT_DIR + "/") and name.endswith(".py")
-                                 and ".." not in name.split("/") and not os.path.isabs(name))
+    """The files of a verl wheel refusals_of_tree reads besides verl_choices.SOURCES (which holds
+    what selects a rollout class: the registry and fsdp_workers)."""
+    return (name.startswith(ROLLOUT_DIR + "/") and name.endswith(".py")
+            and ".." not in name.split("/") and not os.path.isabs(name))

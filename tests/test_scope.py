@@ -11,7 +11,8 @@ import pytest
 
 from envbuild.probe import features
 from envbuild.probe.contract import _static_checks
-from envbuild.probe.scope import Scoper, rollout_registry
+from envbuild.probe.registry import rollout_registry
+from envbuild.probe.scope import Scoper
 from envbuild.probe.verdict import Verdict
 
 

@@ -5,8 +5,8 @@ Read from verl's code where it can be (the `if` around the finding, the model-ty
 verl's monkey patch, the callers that pass an optional argument, the modules that import a module
 at load time); from the feature descriptors in features.FEATURE_SPECS otherwise (module patterns).
 A claim that a finding is opt-in must be supported: anything not determined counts as core and
-says so. Also here: verl's rollout registry, read from its code (which engine names the trainer
-can select at this release). Standard library only (runs inside images and in the census).
+says so. verl's rollout registry is read in probe.registry. Standard library only (runs inside
+images and in the census).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import re
 from .reach import import_statements, trainer_reach
 from .staticcalls import Trees
 from .staticimports import _sources
+from .summary import words as _words
 from .features import (CORE, FEATURE, FEATURE_SPECS, GUARD_SCOPE, MODEL_SCOPE, SCOPE_FROM_CODE, SCOPE_FROM_DATA,
                        SCOPE_UNDETERMINED, TRAINER_ENTRY, feature_default_on)
 
@@ -35,18 +36,6 @@ def _scope(scope: str, source: str, why: str) -> dict:
 
 def _tokens(name: str) -> list[str]:
     return [t for t in re.split(r"[^a-z0-9]+", name.lower()) if t]
-
-
-def _words(e: ast.AST) -> list[str]:
-    out = []
-    for n in ast.walk(e):
-        if isinstance(n, ast.Name):
-            out.append(n.id)
-        elif isinstance(n, ast.Attribute):
-            out.append(n.attr)
-        elif isinstance(n, ast.Constant) and isinstance(n.value, str):
-            out.append(n.value)
-    return out
 
 
 def _model_type_values(words: list[str]) -> list[str]:
@@ -304,47 +293,6 @@ class Scoper:
 
 _TOP_IMPORT = re.compile(r"^(?:import[ \t]+(?P<plain>[\w., \t]+)$|from[ \t]+(?P<dots>\.*)(?P<mod>[\w.]*)[ \t]+import[ \t]+"
                          r"(?P<names>\([^)]*\)|[^\n]*))", re.M)
-
-
-# ---------------------------------------------------------------- verl's rollout registry
-
-def rollout_registry(root: str) -> dict | None:
-    """The rollout names verl's trainer can select at this release, read from its code:
-    `_ROLLOUT_REGISTRY` in workers/rollout/base.py (0.6.1 on), else the if/elif over the rollout
-    name in fsdp_workers._build_rollout (0.4, 0.5). {"names", "where"} and, from the registry's
-    (name, mode) keys, "modes"; None when neither is there."""
-    sc = Scoper(root)
-    path = sc.path_of("verl.workers.rollout.base")
-    tree = sc.tree(path) if path else None
-    for node in ast.walk(tree) if tree else ():
-        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Dict):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if any(isinstance(t, ast.Name) and "REGISTRY" in t.id.upper() for t in targets):
-                names, modes = [], []
-                for k in node.value.keys:
-                    first = k.elts[0] if isinstance(k, ast.Tuple) and k.elts else k
-                    if isinstance(first, ast.Constant) and isinstance(first.value, str):
-                        names.append(first.value)
-                    second = k.elts[1] if isinstance(k, ast.Tuple) and len(k.elts) > 1 else None
-                    if isinstance(second, ast.Constant) and isinstance(second.value, str):
-                        modes.append(second.value)  # ("vllm", "async"): the rollout.mode values
-                if names:
-                    return {"names": sorted(set(names)), "modes": sorted(set(modes)),
-                            "where": f"{sc.rel(path)}:{node.lineno}"}
-    path = sc.path_of("verl.workers.fsdp_workers")
-    tree = sc.tree(path) if path else None
-    for fn in ast.walk(tree) if tree else ():
-        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.name == "_build_rollout":
-            names, line = set(), fn.lineno
-            for n in ast.walk(fn):
-                if isinstance(n, ast.Compare) and any("name" in w for w in _words(n.left)):
-                    for c in n.comparators:
-                        for x in (c.elts if isinstance(c, (ast.Tuple, ast.List)) else [c]):
-                            if isinstance(x, ast.Constant) and isinstance(x.value, str):
-                                names.add(x.value)
-            if names:
-                return {"names": sorted(names), "where": f"{sc.rel(path)}:{line}"}
-    return None
 
 
 # ---------------------------------------------------------------- helpers

@@ -13,7 +13,8 @@ from dataclasses import asdict
 
 from .features import CORE
 from .ownership import applies, owner, verl_extras
-from .scope import Scoper, rollout_registry
+from .registry import rollout_registry
+from .scope import Scoper
 from .staticcalls import Trees, check_calls
 from .staticimports import ModuleIndex, check_module
 from .vocab import ENGINE, ENGINE_SPECS

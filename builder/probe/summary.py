@@ -71,6 +71,19 @@ def _is_type_checking(test: ast.expr) -> bool:
         (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
+def words(e: ast.AST) -> list[str]:
+    """The names, attribute names and string constants an expression holds, outermost first."""
+    out = []
+    for n in ast.walk(e):
+        if isinstance(n, ast.Name):
+            out.append(n.id)
+        elif isinstance(n, ast.Attribute):
+            out.append(n.attr)
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str):
+            out.append(n.value)
+    return out
+
+
 def absolute_module(module: str | None, level: int, here: str, is_pkg: bool) -> str | None:
     if level == 0:
         return module
