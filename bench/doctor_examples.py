@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from envbuild.paths import data_dir
+from envbuild.verl_config import base_config
 
 HERE = Path(__file__).resolve().parent
 SKIP = [g for x in ("data", "output", "ray", "env") for g in ("--skip", x)]
@@ -95,7 +95,7 @@ def judge_release(repo: Path, tag: str, release: str, work: Path) -> dict:
                  and "rollout.name=vllm" in (work / tag / r["script"]).read_text()
                  and "config-name" not in (work / tag / r["script"]).read_text()), None)
     caught = {}
-    refuses = bool(json.loads((data_dir("matrix") / "verl_config" / f"{release}.json").read_text()).get("refusals"))
+    refuses = bool(base_config(release)[2]["refusals"])  # what doctor itself reads for this release
     if base is not None:
         for what, (extra, check) in ERRORS.items():
             if check == "config.token_limit" and not refuses:

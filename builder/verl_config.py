@@ -98,8 +98,8 @@ def base_config(release: str | None = None, name: str = CONFIG_NAME) -> tuple[di
     came from, what verl's code says about its values: {"choices": verl_choices, "refusals":
     verl_refusals}). `release`: judge against that verl release; default: the installed verl,
     else the newest recorded release."""
-    from .verl_choices import installed_choices, recorded_choices
-    from .verl_refusals import installed_refusals
+    from .verl_choices import choices_of_tree, recorded_choices
+    from .verl_refusals import refusals_of_tree
 
     inst = installed_config_dir()
     note = ""
@@ -109,7 +109,9 @@ def base_config(release: str | None = None, name: str = CONFIG_NAME) -> tuple[di
                              f"verl {inst[0]} (installed) has no such trainer config in {inst[1]}")
         try:
             return (compose_trainer_config(inst[1], name), f"verl {inst[0]}, installed",
-                    {"choices": installed_choices(), "refusals": installed_refusals(), "installed": True})
+                    # facts read from the same install's code: the folder holding verl/
+                    {"choices": choices_of_tree(inst[1].parents[2]), "refusals": refusals_of_tree(inst[1].parents[2]),
+                     "installed": True})
         except Exception as e:  # a broken install: judge against a recorded copy, and say so
             note = f" (the installed verl's config did not compose: {type(e).__name__})"
             release = inst[0]
