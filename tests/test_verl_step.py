@@ -40,9 +40,25 @@ def test_overrides_follow_verls_releases():
     assert "actor_rollout_ref.model.override_config.attn_implementation" not in new  # flash-attn installed
     assert _ovs("0.7.1")["reward.custom_reward_function.name"] == "score"
     assert "actor_rollout_ref.actor.fsdp_config.use_torch_compile" not in _ovs("0.7.1")
-    # GRPO's batch rules on one GPU (verl-run.md 1.4): 8 prompts x 4 = 32, a multiple of 8 agent workers
-    assert int(new["data.train_batch_size"]) * int(new["actor_rollout_ref.rollout.n"]) % 8 == 0
+    # GRPO's batch rules on one GPU (verl-run.md 1.4): 8 prompts x 4 = 32, a multiple of the agent workers
+    assert int(new["data.train_batch_size"]) * int(new["actor_rollout_ref.rollout.n"]) % \
+        int(new["actor_rollout_ref.rollout.agent.num_workers"]) == 0
+    # one agent-loop and one reward worker, the data loader in the trainer (not verl's 8 of each)
+    assert new["reward.num_workers"] == "1" and new["data.dataloader_num_workers"] == "0"
+    assert "actor_rollout_ref.rollout.agent.num_workers" not in old and "reward.num_workers" not in mid
     assert int(new["actor_rollout_ref.actor.ppo_mini_batch_size"]) <= int(new["data.train_batch_size"])
+
+
+@pytest.mark.parametrize("release", ["0.4.1", "0.5.0", "0.6.0", "0.6.1", "0.7.0", "0.7.1", "0.8.0", "0.9.0", "0.9.1"])
+def test_every_override_is_a_key_of_that_releases_config(release):
+    """verl's Hydra refuses an override of a key its config lacks (struct mode) unless it is written
+    with `+`: each release's step must only set keys that release has (its recorded config)."""
+    from envbuild.verl_config import build_config
+
+    for fa in (True, False):
+        ovs = [o for o, _ in verl_step.overrides(release, "vllm", PATHS, fa)]
+        cfg = build_config(None, ovs, verl=release)
+        assert not cfg.unknown, (release, [u.key for u in cfg.unknown])
 
 
 def test_parse_metrics_reads_verls_console_line():
