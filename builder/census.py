@@ -36,6 +36,7 @@ from .matrix import matrix_from_args
 from .expand import plan_from_args
 from .outcome import OK, RECORD_ERROR, RECORD_FAIL, Verdict, exit_of_records, lock_record_status
 from .paths import cache_dir
+from .probe.hardware import parse_variant
 from .probe.vocab import ENGINE, FAIL, dist_of
 from .probe_exec import probe_code_hash
 from .record import CENSUS, Record, machine_info, write_record
@@ -77,15 +78,16 @@ def unpacked(f: dict, cache: Path) -> Path:
     return d
 
 
-def judge(engine: str, sites: list[str]) -> dict:
+def judge(engine: str, sites: list[str], accelerator: str | None = None) -> dict:
     """The static contracts of one combination, as a contract-level verdict (a child process:
-    the reading is pure Python, so combinations run in parallel only in processes)."""
+    the reading is pure Python, so combinations run in parallel only in processes). `accelerator`:
+    the kind of the row's torch build, which the census does not unpack."""
     from .probe.contract import _static_checks
     from .probe.staticreport import static_report
     from .probe.verdict import NOT_APPLICABLE, Verdict
 
     t0 = time.perf_counter()
-    rep = static_report(engine, sites)
+    rep = static_report(engine, sites, accelerator)
     v = Verdict(level="contract", engine=engine)
     for mod, o in sorted(rep["owners"].items()):
         if not o["judged"]:
@@ -127,7 +129,9 @@ class Census:
             rec.status, rec.cause = RECORD_ERROR, getattr(e, "cause", "missing-pin")
             rec.detail = str(e)
             return rec
-        key = hashlib.sha256(json.dumps([c.engine, [f["hashes"]["sha256"] for f in files], probe_code_hash()])
+        variant = parse_variant(c.cuda)
+        kind = variant.kind if variant else None
+        key = hashlib.sha256(json.dumps([c.engine, [f["hashes"]["sha256"] for f in files], probe_code_hash(), kind])
                              .encode()).hexdigest()
         hit = self.cache / "verdicts" / f"{key}.json"
         t1 = time.monotonic()
@@ -135,8 +139,8 @@ class Census:
             verdict, reused = json.loads(hit.read_text()), True
         else:
             sites = [str(unpacked(f, self.cache)) for f in files]
-            verdict = (self.pool.submit(judge, c.engine, sites).result() if self.pool
-                       else judge(c.engine, sites))
+            verdict = (self.pool.submit(judge, c.engine, sites, kind).result() if self.pool
+                       else judge(c.engine, sites, kind))
             write_json_atomic(hit, verdict)
             reused = False
         rec.stage = "probe"

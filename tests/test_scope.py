@@ -325,3 +325,58 @@ def test_a_written_verdict_never_aliases_the_verdict_it_was_written_from():
     back = Verdict.of(second)
     again = back.to_dict()
     assert again == second and again is not second and again["timings"] is not back.timings
+
+
+LAZY = {
+    "trainer/main_ppo.py": "from verl.workers.rollout import utils\nfrom verl.workers import registry\n",
+    "workers/rollout/utils.py": '''
+        import torch
+
+        def update_weights(model, config):
+            if torch.version.hip is not None:
+                from verl.utils.vllm.rocm_map import restore
+                restore(model)
+            if is_fp8_model(config):
+                from verl.utils.vllm.fp4_refit import stage
+                stage(model)
+            from verl.utils.vllm.always import go
+            go(model)
+        ''',
+    "utils/vllm/rocm_map.py": "def restore(model):\n    from vllm.fused_moe import RoutedExperts\n",
+    "utils/vllm/fp4_refit.py": "def stage(model):\n    from vllm.fused_moe import RoutedExperts\n",
+    "utils/vllm/always.py": "def go(model):\n    from vllm.fused_moe import RoutedExperts\n",
+    "utils/vllm/by_name.py": "def f():\n    from vllm.fused_moe import RoutedExperts\n",
+    "workers/registry.py": 'import importlib\nimportlib.import_module("verl.utils.vllm.by_name")\n'
+                           "def g():\n    from verl.utils.vllm.by_name import f\n",
+}
+
+
+def test_a_module_imported_only_under_a_condition_takes_that_conditions_scope(tmp_path):
+    """verl 0.9.0's ROCm expert-map repair is imported only under `if torch.version.hip is not None`
+    (vllm_rollout/utils.py:247): on a CUDA build of torch no run reaches it, on a ROCm build every
+    run does, and where the build is unknown nothing is ruled out. A module imported where nothing
+    guards it, or named in a string (importlib, a registry), stays core."""
+    root = _tree(tmp_path, LAZY)
+    cuda = Scoper(root, "0.9.0", "cuda")
+    s = cuda.scope("verl.utils.vllm.rocm_map", 2, True)
+    assert (s["scope"], s["from"]) == ("guard:accelerator:rocm", "code"), s
+    assert "utils.py:6" in s["why"] and "torch.version.hip is not None" in s["why"]
+    assert features.scope_label(s["scope"]).startswith("runs only on another accelerator")
+    assert Scoper(root, "0.9.0", "rocm").scope("verl.utils.vllm.rocm_map", 2, True)["scope"] == features.CORE
+    assert Scoper(root, "0.9.0", None).scope("verl.utils.vllm.rocm_map", 2, True)["scope"] == features.CORE
+    # the caller's own guard (a feature's flag) is the module's scope, read from code
+    s = cuda.scope("verl.utils.vllm.fp4_refit", 2, True)
+    assert s["scope"] == "quantization" and s["from"] == "code" and "utils.py:9" in s["why"]
+    s = cuda.scope("verl.utils.vllm.always", 2, True)
+    assert s["scope"] == features.CORE and "utils.py:11" in s["why"]
+    assert cuda.scope("verl.utils.vllm.by_name", 2, True)["scope"] == features.CORE
+
+
+def test_a_torch_build_says_its_accelerator_in_its_version_file():
+    from envbuild.probe.hardware import torch_build_kind
+
+    cu = "__version__ = '2.11.0+cu130'\ncuda: Optional[str] = '13.0'\nhip: Optional[str] = None\n"
+    assert torch_build_kind(cu) == "cuda"
+    assert torch_build_kind("cuda = None\nhip = '6.2.41133'\n") == "rocm"
+    assert torch_build_kind("__version__ = '2.11.0+cpu'\ncuda = None\nhip = None\n") == "cpu"
+    assert torch_build_kind("nothing here\n") is None and torch_build_kind("def (") is None

@@ -25,6 +25,7 @@ GUARDS = {
     "runtime-check": "runs only after a run-time check (hasattr, inspect.signature) that this install fails",
     "fallback": "inside try/except: the code takes its fallback when this fails",
     "argument": "runs only when a caller passes an optional argument",
+    "accelerator": "runs only on another accelerator's build of torch (torch.version.hip, torch.version.cuda)",
     # probe.reach over-approximates what the entry loads, so a module outside it is one no GRPO run
     # of verl's trainer imports: another entry point's (SFT trainer, model merger, tools)
     "unreached": "in a module verl's trainer entry (main_ppo) never loads: another entry point's",
@@ -74,7 +75,8 @@ FEATURE_SPECS = (
     FeatureSpec("multi_stage_wake_up", "rollout.multi_stage_wake_up=true",
                 config=(("actor_rollout_ref.rollout.multi_stage_wake_up", True),), guards=("multi_stage_wake_up",)),
     FeatureSpec("quantization", "QAT / ModelOpt / FP8 quantisation",
-                ("verl.utils.qat*", "verl.utils.modelopt*", "verl.utils.vllm.vllm_fp8_utils", "verl.utils.vllm.vllm_quant_utils"),
+                ("verl.utils.qat*", "verl.utils.modelopt*", "verl.utils.vllm.vllm_fp8_utils", "verl.utils.vllm.vllm_fp4_utils",
+                 "verl.utils.vllm.vllm_quant_utils"),
                 (("actor_rollout_ref.actor.fsdp_config.qat.enable", True), ("actor_rollout_ref.actor.qat.enable", True),
                  ("actor_rollout_ref.rollout.quantization", "fp8")),
                 ("qat", "enable_qat", "quantization", "quant_method", "modelopt", "fp8")),

@@ -234,6 +234,28 @@ def variant_tag(value: object) -> str | None:
     return v.tag if v else None
 
 
+def torch_build_kind(version_py: str) -> str | None:
+    """The accelerator kind a torch build targets, read from the text of its `torch/version.py`
+    (`cuda: Optional[str] = '13.0'`, `hip: Optional[str] = None`) without importing torch: the
+    kind whose `torch_attr` holds a version, `cpu` when none does, None when unreadable."""
+    import ast
+
+    try:
+        tree = ast.parse(version_py)
+    except (SyntaxError, ValueError):
+        return None
+    attrs = {k.torch_attr: k.name for k in ACCELERATORS.values() if k.torch_attr}
+    seen = set()
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else \
+            getattr(node, "target", None) if isinstance(node, ast.AnnAssign) else None
+        if isinstance(target, ast.Name) and target.id in attrs and isinstance(node.value, ast.Constant):
+            seen.add(target.id)
+            if isinstance(node.value.value, str) and node.value.value:
+                return attrs[target.id]
+    return CPU if seen else None
+
+
 def variant_of(kind: str, version: object) -> Variant:
     """The variant torch reports: kind `cuda` with torch.version.cuda `12.4`, `rocm` with
     torch.version.hip `6.2.41133`; kind cpu (or no version) -> cpu."""

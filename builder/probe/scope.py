@@ -16,7 +16,8 @@ import fnmatch
 import os
 import re
 
-from .reach import import_statements, trainer_reach
+from .hardware import ACCELERATORS
+from .reach import _ANY_IMPORT, _VERL_PREFIX, import_statements, trainer_reach
 from .staticcalls import Trees
 from .staticimports import _sources
 from .summary import words as _words
@@ -57,9 +58,12 @@ def _guard_hit(words: list[str], guard: str) -> bool:
 class Scoper:
     """Scopes for the findings of one verl install (its package folder `root`)."""
 
-    def __init__(self, root: str, verl_version: str | None = None):
+    def __init__(self, root: str, verl_version: str | None = None, accelerator: str | None = None):
         self.root = root  # .../verl
         self.verl = verl_version
+        # the kind of torch build judged (hardware.torch_build_kind); None: unknown, and code that
+        # runs only on one kind's builds is then not ruled out
+        self.accelerator = accelerator
         self._trees = Trees()  # syntax trees, parsed once
         self._models: dict[str, tuple[list[str], str]] | None = None
         self._importers: dict[str, list[str]] | None = None
@@ -101,6 +105,8 @@ class Scoper:
             found = self._model_type(mod)
         if found is None:
             found = self._feature_module(mod, function)
+        if found is None and _depth < 2:
+            found = self._imported_lazily(mod, _depth)
         if found is None and self.reached() and mod not in self.reached():
             found = _scope(GUARD_SCOPE + "unreached", SCOPE_FROM_CODE, f"{mod} is outside what {TRAINER_ENTRY} "
                            "can load (probe.reach): no run of verl's trainer imports it")
@@ -136,6 +142,12 @@ class Scoper:
                 if types and positive:
                     return _scope(MODEL_SCOPE + ",".join(types), SCOPE_FROM_CODE,
                                   f"under `if … model_type …` at {where}")
+            kind = _accelerator_test(test)
+            if kind and self.accelerator and kind[0] != self.accelerator and kind[1] == positive:
+                label = ACCELERATORS[kind[0]].label
+                return _scope(GUARD_SCOPE + f"accelerator:{kind[0]}", SCOPE_FROM_CODE,
+                              f"under `if {_short(test)}` at {where}: runs only on a {label} build of torch, "
+                              f"and this one is {ACCELERATORS[self.accelerator].label}")
             for f in FEATURE_SPECS:
                 if f.guards and any(_guard_hit(words, g) for g in f.guards) and positive:
                     return _scope(f.name, SCOPE_FROM_CODE, f"under `if {_short(test)}` at {where}")
@@ -175,6 +187,36 @@ class Scoper:
         return _scope(names[0] if len(names) == 1 else GUARD_SCOPE + f"argument:{arg}", SCOPE_FROM_CODE,
                       f"runs only when a caller passes {arg} ({where}); verl passes it only at "
                       + ", ".join(f"{self.rel(p)}:{ln} ({s['why']})" for p, ln, s in scopes[:3]))
+
+    # -- 4. a module verl imports only inside functions or branches: the scope of those imports
+    def _imported_lazily(self, mod: str, depth: int) -> dict | None:
+        """Code in a module that nothing imports at load time runs only where an import statement
+        of it runs: core if one of them is, else their one scope. None (not determined) when the
+        module is imported at load time, or named in a string (importlib, a registry)."""
+        leaf = mod.rsplit(".", 1)[-1]
+        sites = []
+        for p, text in self.sources():
+            if leaf not in text or self.module_of(p) == mod:
+                continue
+            named = {m.group(1) for m in _VERL_NAME_Q.finditer(text)} | {m.group(1) for m in _VERL_PREFIX.finditer(text)}
+            if any(mod == n or mod.startswith(n + ".") for n in named):
+                return None
+            if mod in self._top_imports(p):
+                return None
+            here = self.module_of(p).split(".")
+            sites += [(p, ln) for m, ln in import_statements(text, here if p.endswith("__init__.py") else here[:-1],
+                                                             _ANY_IMPORT) if m == mod]
+        if not sites:
+            return None
+        scopes = [(p, ln, self.scope(self.module_of(p), ln, True, depth + 1)) for p, ln in sites]
+        names = {s["scope"] for _, _, s in scopes}
+        p, ln, s = scopes[0]
+        if len(names) != 1 or CORE in names:
+            core = next(((q, n) for q, n, t in scopes if t["scope"] == CORE), (p, ln))
+            return _scope(CORE, SCOPE_FROM_CODE, f"{self.rel(core[0])}:{core[1]} imports {mod}"
+                          + (" where nothing rules it out" if CORE in names else " under different conditions"))
+        return _scope(s["scope"], s["from"], f"{mod} is imported only at {self.rel(p)}:{ln}"
+                      + (f" and {len(scopes) - 1} more" if len(scopes) > 1 else "") + f" ({s['why']})")
 
     # -- 2. verl's model patches, dispatched on model_type (monkey_patch.py)
     def _model_type(self, mod: str) -> dict | None:
@@ -346,6 +388,23 @@ def _enclosing(tree: ast.Module, line: int) -> list[tuple[ast.AST, str]]:
             return
     visit(tree.body)
     return chain
+
+
+_VERL_NAME_Q = re.compile(r"""["'](verl(?:\.\w+)+)["']""")  # a verl module named in a string
+
+
+def _accelerator_test(test: ast.expr) -> tuple[str, bool] | None:
+    """(kind, True) for a test that holds only on that kind's torch builds (`torch.version.hip`,
+    `torch.version.hip is not None`); (kind, False) for its negation (`… is None`); else None."""
+    attrs = {k.torch_attr: k.name for k in ACCELERATORS.values() if k.torch_attr}
+    holds = True
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.comparators[0], ast.Constant) \
+            and test.comparators[0].value is None and isinstance(test.ops[0], (ast.Is, ast.IsNot)):
+        holds, test = isinstance(test.ops[0], ast.IsNot), test.left
+    if isinstance(test, ast.Attribute) and test.attr in attrs and isinstance(test.value, ast.Attribute) \
+            and test.value.attr == "version" and _short(test.value.value) == "torch":
+        return attrs[test.attr], holds
+    return None
 
 
 def _handler_names(h: ast.ExceptHandler) -> list[str]:

@@ -12,6 +12,7 @@ import time
 from dataclasses import asdict
 
 from .features import CORE
+from .hardware import torch_build_kind
 from .ownership import applies, owner, verl_extras
 from .registry import rollout_registry
 from .scope import Scoper
@@ -51,7 +52,7 @@ def discover_verl_modules(root: str | None = None) -> list[str] | None:
     return mods
 
 
-def static_report(engine: str, paths: list[str] | None = None) -> dict:
+def static_report(engine: str, paths: list[str] | None = None, accelerator: str | None = None) -> dict:
     """Ownership of verl's modules and the static import contract of this engine's ones
     (standard library only; run by a child process while the parent imports)."""
     t0 = time.perf_counter()
@@ -74,7 +75,10 @@ def static_report(engine: str, paths: list[str] | None = None) -> dict:
     # verl's are read against.
     targets = sorted(set(spec.modules) | {"torch", "transformers"})
     owners, static, module_scopes = {}, {}, {}
-    scoper = Scoper(loc.dirs[0], index.version("verl") if paths is not None else _dist_version("verl"))
+    if accelerator is None:  # the torch build here says which kind it is (the census passes its row's)
+        tv = index.find("torch.version")
+        accelerator = torch_build_kind(_read(tv.path)) if tv and tv.path else None
+    scoper = Scoper(loc.dirs[0], index.version("verl") if paths is not None else _dist_version("verl"), accelerator)
     trees = Trees()  # the engine's files, parsed once for every call into them
     needles = sorted({t.encode() for e in ENGINE_SPECS for t in e.modules | e.tokens})
     for mod in _all_modules(loc.dirs[0]):
@@ -101,6 +105,14 @@ def static_report(engine: str, paths: list[str] | None = None) -> dict:
     return {"owners": owners, "static": static, "targets": targets, "module_scopes": module_scopes,
             "registry": rollout_registry(loc.dirs[0]), "engine": engine,
             "seconds": round(time.perf_counter() - t0, 4)}
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read(1 << 16)
+    except OSError:
+        return ""
 
 
 def _mentions(index: ModuleIndex, mod: str, needles: list[bytes]) -> bool:
