@@ -67,7 +67,8 @@ def test_every_engine_reaches_every_consumer(spec):
     for r in spec.rollout:
         assert engine_of_rollout(r) == spec.name and r in ROLLOUT_NAMES
     # the probe's engine adapter (gpu level) and its API contract checks (contract level)
-    assert spec.name in probe_engines.ENGINES, f"probe/engines.py has no adapter for {spec.name}"
+    assert spec.name in probe_engines.ADAPTERS, f"probe/engines.py has no adapter for {spec.name}"
+    assert probe_engines.ENGINES[spec.name] is probe_engines.ADAPTERS[spec.name].engine
     checks = probe_engines.api_checks(spec.name, on_gpu=False)
     assert isinstance(checks, list)
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import inspect
 import os
+from dataclasses import dataclass, field
+from typing import Callable
 
 from .classify import classify_exception, device_branch
 from .verdict import FAIL, NEEDS_GPU, NOT_APPLICABLE, PASS
@@ -39,12 +41,11 @@ def _need(name: str, have: set[str], want: set[str]):
 
 # When each check applies: {distribution: PEP 440 specifier}, all must hold (a missing
 # distribution never matches). Outside, the check is not-applicable: the shapes it asks for did
-# not exist yet, and the stacks of that era do not use them.
+# not exist yet, and the stacks of that era do not use them. An engine's own check and range are
+# its Adapter's (ADAPTERS, below).
 APPLIES: dict[str, dict[str, str]] = {
     "fsdp2": {"torch": ">=2.4"},  # fully_shard appeared in torch 2.4 (torch.distributed._composable.fsdp)
     "transformers": {"transformers": ">=4.37"},  # Qwen2ForCausalLM arrived in 4.37
-    "vllm": {"vllm": ">=0.6.3"},  # prompt_token_ids dicts, EngineArgs fields (shared/reference/probe.md)
-    "sglang": {"sglang": ">=0.4.4"},  # sglang.Engine(...) offline API
 }
 
 
@@ -53,7 +54,8 @@ def applies_to(name: str, versions=None) -> tuple[bool, str]:
     from .env_level import dist_version
     from .versions import satisfies
     versions = versions or dist_version
-    for dist, spec in APPLIES.get(name, {}).items():
+    ranges = APPLIES.get(name) or (ADAPTERS[name].applies if name in ADAPTERS else {})
+    for dist, spec in ranges.items():
         seen = versions(dist)
         try:
             ok = satisfies(seen, spec)
@@ -127,10 +129,9 @@ def api_checks(engine: str, versions=None, on_gpu: bool = True) -> list[tuple[st
 
     guarded("fsdp2", _check_fsdp2)
     guarded("transformers", _check_transformers)
-    if engine == "vllm":
-        guarded("vllm", _check_vllm)
-    elif engine == "sglang":
-        guarded("sglang", _check_sglang)
+    adapter = ADAPTERS.get(engine)
+    if adapter and adapter.api_check:
+        guarded(engine, adapter.api_check)
     return out
 
 
@@ -358,4 +359,21 @@ class SGLangEngine:
         self.eng.shutdown()
 
 
-ENGINES = {"hf": HFEngine, "vllm": VLLMEngine, "sglang": SGLangEngine}
+@dataclass(frozen=True)
+class Adapter:
+    """What the probe runs for one engine of vocab.ENGINE_SPECS (one entry each; the conformance
+    test walks them): the gpu level's engine, the contract level's API check and the versions it
+    applies to ({distribution: specifier})."""
+
+    engine: type
+    api_check: Callable[[], object] | None = None
+    applies: dict[str, str] = field(default_factory=dict)
+
+
+ADAPTERS = {
+    "hf": Adapter(HFEngine),
+    # prompt_token_ids dicts, EngineArgs fields (shared/reference/probe.md)
+    "vllm": Adapter(VLLMEngine, _check_vllm, {"vllm": ">=0.6.3"}),
+    "sglang": Adapter(SGLangEngine, _check_sglang, {"sglang": ">=0.4.4"}),  # sglang.Engine(...) offline API
+}
+ENGINES = {name: a.engine for name, a in ADAPTERS.items()}
