@@ -70,8 +70,18 @@ def _imports(path: str, text: str, top: str) -> list[str]:
     """Every module a file names: its imports anywhere, relative ones resolved, and verl module
     names in its strings."""
     rel = os.path.relpath(path, top)[:-3].split(os.sep)
-    return ([m.group(1) for m in _VERL_NAME.finditer(text)] + [m.group(1) + ".*" for m in _VERL_PREFIX.finditer(text)]
-            + [name for name, _ in import_statements(text, rel[:-1], _ANY_IMPORT)])
+    return named_in_strings(text) + [name for name, _ in import_sites(text, rel[:-1])]
+
+
+def named_in_strings(text: str) -> list[str]:
+    """The verl modules a file names in its strings (importlib, a registry, a config's `_target_`);
+    a name computed from a package (f"verl.models.{name}") as `package.*`."""
+    return [m.group(1) for m in _VERL_NAME.finditer(text)] + [m.group(1) + ".*" for m in _VERL_PREFIX.finditer(text)]
+
+
+def import_sites(text: str, package: list[str]) -> list[tuple[str, int]]:
+    """(module, line) of every import statement in `text`, at any depth (functions, branches)."""
+    return import_statements(text, package, _ANY_IMPORT)
 
 
 def import_statements(text: str, package: list[str], pattern: re.Pattern) -> list[tuple[str, int]]:

@@ -17,7 +17,7 @@ import os
 import re
 
 from .hardware import ACCELERATORS
-from .reach import _ANY_IMPORT, _VERL_PREFIX, import_statements, trainer_reach
+from .reach import import_sites, import_statements, named_in_strings, trainer_reach
 from .staticcalls import Trees
 from .staticimports import _sources
 from .summary import words as _words
@@ -188,36 +188,6 @@ class Scoper:
                       f"runs only when a caller passes {arg} ({where}); verl passes it only at "
                       + ", ".join(f"{self.rel(p)}:{ln} ({s['why']})" for p, ln, s in scopes[:3]))
 
-    # -- 4. a module verl imports only inside functions or branches: the scope of those imports
-    def _imported_lazily(self, mod: str, depth: int) -> dict | None:
-        """Code in a module that nothing imports at load time runs only where an import statement
-        of it runs: core if one of them is, else their one scope. None (not determined) when the
-        module is imported at load time, or named in a string (importlib, a registry)."""
-        leaf = mod.rsplit(".", 1)[-1]
-        sites = []
-        for p, text in self.sources():
-            if leaf not in text or self.module_of(p) == mod:
-                continue
-            named = {m.group(1) for m in _VERL_NAME_Q.finditer(text)} | {m.group(1) for m in _VERL_PREFIX.finditer(text)}
-            if any(mod == n or mod.startswith(n + ".") for n in named):
-                return None
-            if mod in self._top_imports(p):
-                return None
-            here = self.module_of(p).split(".")
-            sites += [(p, ln) for m, ln in import_statements(text, here if p.endswith("__init__.py") else here[:-1],
-                                                             _ANY_IMPORT) if m == mod]
-        if not sites:
-            return None
-        scopes = [(p, ln, self.scope(self.module_of(p), ln, True, depth + 1)) for p, ln in sites]
-        names = {s["scope"] for _, _, s in scopes}
-        p, ln, s = scopes[0]
-        if len(names) != 1 or CORE in names:
-            core = next(((q, n) for q, n, t in scopes if t["scope"] == CORE), (p, ln))
-            return _scope(CORE, SCOPE_FROM_CODE, f"{self.rel(core[0])}:{core[1]} imports {mod}"
-                          + (" where nothing rules it out" if CORE in names else " under different conditions"))
-        return _scope(s["scope"], s["from"], f"{mod} is imported only at {self.rel(p)}:{ln}"
-                      + (f" and {len(scopes) - 1} more" if len(scopes) > 1 else "") + f" ({s['why']})")
-
     # -- 2. verl's model patches, dispatched on model_type (monkey_patch.py)
     def _model_type(self, mod: str) -> dict | None:
         if self._models is None:
@@ -315,6 +285,34 @@ class Scoper:
                 return where
         return None
 
+    # -- 4. a module verl imports only inside functions or branches: the scope of those imports
+    def _imported_lazily(self, mod: str, depth: int) -> dict | None:
+        """Code in a module that nothing imports at load time runs only where an import statement
+        of it runs: core if one of them is, else their one scope. None (not determined) when the
+        module is imported at load time, or named in a string (importlib, a registry)."""
+        leaf = mod.rsplit(".", 1)[-1]
+        sites = []
+        for p, text in self.sources():
+            if leaf not in text or self.module_of(p) == mod:
+                continue
+            if any(mod == n or (n.endswith(".*") and mod.startswith(n[:-1])) for n in named_in_strings(text)):
+                return None
+            if mod in self._top_imports(p):
+                return None
+            here = self.module_of(p).split(".")
+            sites += [(p, ln) for m, ln in import_sites(text, here if p.endswith("__init__.py") else here[:-1]) if m == mod]
+        if not sites:
+            return None
+        scopes = [(p, ln, self.scope(self.module_of(p), ln, True, depth + 1)) for p, ln in sites]
+        names = {s["scope"] for _, _, s in scopes}
+        p, ln, s = scopes[0]
+        if len(names) != 1 or CORE in names:
+            core = next(((q, n) for q, n, t in scopes if t["scope"] == CORE), (p, ln))
+            return _scope(CORE, SCOPE_FROM_CODE, f"{self.rel(core[0])}:{core[1]} imports {mod}"
+                          + (" where nothing rules it out" if CORE in names else " under different conditions"))
+        return _scope(s["scope"], s["from"], f"{mod} is imported only at {self.rel(p)}:{ln}"
+                      + (f" and {len(scopes) - 1} more" if len(scopes) > 1 else "") + f" ({s['why']})")
+
     def reached(self) -> set[str]:
         """What the trainer's entry can load (probe.reach); empty without one: nothing ruled out."""
         if self._reach is None:
@@ -388,9 +386,6 @@ def _enclosing(tree: ast.Module, line: int) -> list[tuple[ast.AST, str]]:
             return
     visit(tree.body)
     return chain
-
-
-_VERL_NAME_Q = re.compile(r"""["'](verl(?:\.\w+)+)["']""")  # a verl module named in a string
 
 
 def _accelerator_test(test: ast.expr) -> tuple[str, bool] | None:
