@@ -16,7 +16,7 @@ import fnmatch
 import os
 import re
 
-from .hardware import ACCELERATORS
+from .hardware import ACCELERATORS, KIND_OF_TORCH_ATTR
 from .reach import import_sites, import_statements, named_in_strings, trainer_reach
 from .staticcalls import Trees
 from .staticimports import _sources
@@ -66,7 +66,7 @@ class Scoper:
         self.accelerator = accelerator
         self._trees = Trees()  # syntax trees, parsed once
         self._models: dict[str, tuple[list[str], str]] | None = None
-        self._importers: dict[str, list[str]] | None = None
+        self._importers: tuple | None = None  # _imports()
         self._by_path: dict[str, str] | None = None
         self._reach: set[str] | None = None
 
@@ -270,14 +270,8 @@ class Scoper:
     def _loaded_by(self, mod: str, f, reached_only: bool = True) -> str | None:
         """A module outside the feature, in the trainer's reach (unless `reached_only` is off), that
         imports `mod` at module level (so it loads on runs without the feature): file:line, or None."""
-        if self._importers is None:
-            self._importers = {}
-            for p, _text in self.sources():
-                src = self.module_of(p)
-                for target, line in self._top_imports(p, lines=True):
-                    self._importers.setdefault(target, []).append(f"{src}\0{self.rel(p)}:{line}")
         reach = self.reached() if reached_only else set()
-        for entry in self._importers.get(mod, []):
+        for entry in self._imports()[0].get(mod, []):
             src, where = entry.split("\0")
             if src != mod and not any(fnmatch.fnmatchcase(src, pat) for pat in f.modules) \
                     and not mod.startswith(src + ".") and self._model_type(src) is None \
@@ -290,17 +284,11 @@ class Scoper:
         """Code in a module that nothing imports at load time runs only where an import statement
         of it runs: core if one of them is, else their one scope. None (not determined) when the
         module is imported at load time, or named in a string (importlib, a registry)."""
-        leaf = mod.rsplit(".", 1)[-1]
-        sites = []
-        for p, text in self.sources():
-            if leaf not in text or self.module_of(p) == mod:
-                continue
-            if any(mod == n or (n.endswith(".*") and mod.startswith(n[:-1])) for n in named_in_strings(text)):
-                return None
-            if mod in self._top_imports(p):
-                return None
-            here = self.module_of(p).split(".")
-            sites += [(p, ln) for m, ln in import_sites(text, here if p.endswith("__init__.py") else here[:-1]) if m == mod]
+        top, every, named = self._imports()
+        if mod in top or any((mod == n or (n.endswith(".*") and mod.startswith(n[:-1]))) and srcs - {mod}
+                             for n, srcs in named.items()):
+            return None
+        sites = [(p, ln) for p, ln in every.get(mod, []) if self.module_of(p) != mod]
         if not sites:
             return None
         scopes = [(p, ln, self.scope(self.module_of(p), ln, True, depth + 1)) for p, ln in sites]
@@ -312,6 +300,23 @@ class Scoper:
                           + (" where nothing rules it out" if CORE in names else " under different conditions"))
         return _scope(s["scope"], s["from"], f"{mod} is imported only at {self.rel(p)}:{ln}"
                       + (f" and {len(scopes) - 1} more" if len(scopes) > 1 else "") + f" ({s['why']})")
+
+    def _imports(self) -> tuple[dict[str, list[str]], dict[str, list[tuple[str, int]]], dict[str, set[str]]]:
+        """Read once per install: who imports each module at load time ("importer NUL file:line"), every
+        import statement of each module (file, line), and the modules named in strings (by whom)."""
+        if self._importers is None:
+            top, every, named = {}, {}, {}  # the types: the return annotation
+            for p, text in self.sources():
+                src = self.module_of(p)
+                for target, line in self._top_imports(p, lines=True):
+                    top.setdefault(target, []).append(f"{src}\0{self.rel(p)}:{line}")
+                here = src.split(".")
+                for target, line in import_sites(text, here if p.endswith("__init__.py") else here[:-1]):
+                    every.setdefault(target, []).append((p, line))
+                for n in named_in_strings(text):
+                    named.setdefault(n, set()).add(src)
+            self._importers = (top, every, named)
+        return self._importers
 
     def reached(self) -> set[str]:
         """What the trainer's entry can load (probe.reach); empty without one: nothing ruled out."""
@@ -391,14 +396,13 @@ def _enclosing(tree: ast.Module, line: int) -> list[tuple[ast.AST, str]]:
 def _accelerator_test(test: ast.expr) -> tuple[str, bool] | None:
     """(kind, True) for a test that holds only on that kind's torch builds (`torch.version.hip`,
     `torch.version.hip is not None`); (kind, False) for its negation (`… is None`); else None."""
-    attrs = {k.torch_attr: k.name for k in ACCELERATORS.values() if k.torch_attr}
     holds = True
     if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.comparators[0], ast.Constant) \
             and test.comparators[0].value is None and isinstance(test.ops[0], (ast.Is, ast.IsNot)):
         holds, test = isinstance(test.ops[0], ast.IsNot), test.left
-    if isinstance(test, ast.Attribute) and test.attr in attrs and isinstance(test.value, ast.Attribute) \
+    if isinstance(test, ast.Attribute) and test.attr in KIND_OF_TORCH_ATTR and isinstance(test.value, ast.Attribute) \
             and test.value.attr == "version" and _short(test.value.value) == "torch":
-        return attrs[test.attr], holds
+        return KIND_OF_TORCH_ATTR[test.attr], holds
     return None
 
 
