@@ -41,8 +41,8 @@ def _need(name: str, have: set[str], want: set[str]):
 
 # When each check applies: {distribution: PEP 440 specifier}, all must hold (a missing
 # distribution never matches). Outside, the check is not-applicable: the shapes it asks for did
-# not exist yet, and the stacks of that era do not use them. An engine's own check and range are
-# its Adapter's (ADAPTERS, below).
+# not exist yet, and the stacks of that era do not use them. An engine's own range is written on
+# its Adapter (ADAPTERS, below) and joins this table there.
 APPLIES: dict[str, dict[str, str]] = {
     "fsdp2": {"torch": ">=2.4"},  # fully_shard appeared in torch 2.4 (torch.distributed._composable.fsdp)
     "transformers": {"transformers": ">=4.37"},  # Qwen2ForCausalLM arrived in 4.37
@@ -54,8 +54,7 @@ def applies_to(name: str, versions=None) -> tuple[bool, str]:
     from .env_level import dist_version
     from .versions import satisfies
     versions = versions or dist_version
-    ranges = APPLIES.get(name) or (ADAPTERS[name].applies if name in ADAPTERS else {})
-    for dist, spec in ranges.items():
+    for dist, spec in APPLIES.get(name, {}).items():
         seen = versions(dist)
         try:
             ok = satisfies(seen, spec)
@@ -377,3 +376,4 @@ ADAPTERS = {
     "sglang": Adapter(SGLangEngine, _check_sglang, {"sglang": ">=0.4.4"}),  # sglang.Engine(...) offline API
 }
 ENGINES = {name: a.engine for name, a in ADAPTERS.items()}
+APPLIES.update({name: a.applies for name, a in ADAPTERS.items() if a.applies})

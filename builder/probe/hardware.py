@@ -133,6 +133,7 @@ ROCM_KIND = AcceleratorKind("rocm", "ROCm", "rocm", "hip",
                             driver_label="AMD GPU driver (amdgpu)")  # user space comes in the torch wheel
 CPU_KIND = AcceleratorKind("cpu", "CPU", "cpu", None)
 ACCELERATORS = {k.name: k for k in (CUDA_KIND, ROCM_KIND, CPU_KIND)}
+KIND_OF_TORCH_ATTR = {k.torch_attr: k.name for k in ACCELERATORS.values() if k.torch_attr}  # "hip" -> "rocm"
 
 
 def gpu_names() -> dict[str, str]:
@@ -244,15 +245,14 @@ def torch_build_kind(version_py: str) -> str | None:
         tree = ast.parse(version_py)
     except (SyntaxError, ValueError):
         return None
-    attrs = {k.torch_attr: k.name for k in ACCELERATORS.values() if k.torch_attr}
     seen = set()
     for node in tree.body:
         target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else \
             getattr(node, "target", None) if isinstance(node, ast.AnnAssign) else None
-        if isinstance(target, ast.Name) and target.id in attrs and isinstance(node.value, ast.Constant):
+        if isinstance(target, ast.Name) and target.id in KIND_OF_TORCH_ATTR and isinstance(node.value, ast.Constant):
             seen.add(target.id)
             if isinstance(node.value.value, str) and node.value.value:
-                return attrs[target.id]
+                return KIND_OF_TORCH_ATTR[target.id]
     return CPU if seen else None
 
 
