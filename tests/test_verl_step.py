@@ -13,6 +13,7 @@ import pytest
 
 from envbuild.probe import verl_step
 from envbuild.probe.verdict import Verdict
+from envbuild.verl_config import recorded_releases
 
 PATHS = {"model": "/w/model", "train": "/w/train.parquet", "val": "/w/val.parquet", "reward": "/w/reward.py",
          "ckpt": "/w/ckpt"}
@@ -49,7 +50,7 @@ def test_overrides_follow_verls_releases():
     assert int(new["actor_rollout_ref.actor.ppo_mini_batch_size"]) <= int(new["data.train_batch_size"])
 
 
-@pytest.mark.parametrize("release", ["0.4.1", "0.5.0", "0.6.0", "0.6.1", "0.7.0", "0.7.1", "0.8.0", "0.9.0", "0.9.1"])
+@pytest.mark.parametrize("release", recorded_releases())
 def test_every_override_is_a_key_of_that_releases_config(release):
     """verl's Hydra refuses an override of a key its config lacks (struct mode) unless it is written
     with `+`: each release's step must only set keys that release has (its recorded config)."""
